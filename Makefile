@@ -1,0 +1,34 @@
+# Everything a fresh machine with Python 3.11+ and make needs: `make test`, `make run`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test run lint typecheck unit crds clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+crds: $(STAMP)
+	$(BIN)/python -m api.crds
+
+run: $(STAMP)
+	$(BIN)/homelab-autoscaler dev --simulate
+
+clean:
+	rm -rf $(VENV)

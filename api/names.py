@@ -1,0 +1,200 @@
+"""Every name and number the operator shares across packages: one place, so no two modules spell a label twice."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+
+# --- API group ------------------------------------------------------------------------------------------
+GROUP = "infra.homecluster.dev"
+VERSION = "v2alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+KIND_GROUP = "Group"
+KIND_NODE = "Node"
+KIND_NODECLAIM = "NodeClaim"
+PLURAL_GROUPS = "groups"
+PLURAL_NODES = "nodes"
+PLURAL_NODECLAIMS = "nodeclaims"
+
+# --- labels, annotations, finalizers -------------------------------------------------------------------
+LABEL_GROUP = f"{GROUP}/group"
+LABEL_NODE = f"{GROUP}/node"
+LABEL_NODECLAIM = f"{GROUP}/nodeclaim"
+LABEL_JOB_TYPE = "type"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "homelab-autoscaler"
+
+ANNOTATION_CLAIM_CALL = f"{GROUP}/call"
+ANNOTATION_TEMPLATE_SNAPSHOT_AT = f"{GROUP}/template-snapshot-at"
+
+FINALIZER_CLAIM = f"{GROUP}/claim"
+
+PROVIDER_ID_SCHEME = "homelab"
+
+
+def provider_id(namespace: str, slot: str) -> str:
+    """The providerID the kubelet Node of a slot carries, and the instance id cluster-autoscaler sees."""
+    return f"{PROVIDER_ID_SCHEME}://{namespace}/{slot}"
+
+
+# --- enumerations --------------------------------------------------------------------------------------
+class ClaimPhase(StrEnum):
+    """NodeClaim.status.phase. pending/booting/ready are live; failed/completed are terminal."""
+
+    PENDING = "pending"
+    BOOTING = "booting"
+    READY = "ready"
+    FAILED = "failed"
+    COMPLETED = "completed"
+
+
+class Report(StrEnum):
+    """Node.status.phase: the report derived by the law, never an input."""
+
+    OFF = "off"
+    PENDING = "pending"
+    BOOTING = "booting"
+    READY = "ready"
+    DRAINING = "draining"
+
+
+class PowerState(StrEnum):
+    """Observed power: kubelet Ready=True means on."""
+
+    ON = "on"
+    OFF = "off"
+
+
+class NodeState(StrEnum):
+    """States of the node state machine; the law seeds the start state."""
+
+    SHUTDOWN = "shutdown"
+    STARTINGUP = "startingup"
+    READY = "ready"
+    SHUTTINGDOWN = "shuttingdown"
+
+
+class Operation(StrEnum):
+    """The lifecycle operation the law fires."""
+
+    START_NODE = "StartNode"
+    SHUTDOWN_NODE = "ShutdownNode"
+
+
+class NodeEvent(StrEnum):
+    """Events of the node state machine."""
+
+    START_NODE = "StartNode"
+    SHUTDOWN_NODE = "ShutdownNode"
+    JOB_COMPLETED = "JobCompleted"
+    JOB_FAILED = "JobFailed"
+    JOB_TIMEOUT = "JobTimeout"
+    FORCE_CLEANUP = "ForceCleanup"
+
+
+class JobType(StrEnum):
+    """The value of the `type` label on lifecycle Jobs."""
+
+    STARTUP = "startup"
+    SHUTDOWN = "shutdown"
+
+
+class ClaimCall(StrEnum):
+    """What made a claim: the provider call, an adoption, or a person with kubectl."""
+
+    INCREASE_SIZE = "IncreaseSize"
+    ADOPTED = "Adopted"
+    MANUAL = "Manual"
+
+
+class ClaimReason(StrEnum):
+    """NodeClaim.status.reason: why a claim ended (or, for Adopted, how it began)."""
+
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    ATTEMPT_LIMIT_EXCEEDED = "AttemptLimitExceeded"
+    STARTUP_JOB_FAILED = "StartupJobFailed"
+    STARTUP_JOB_TIMEOUT = "StartupJobTimeout"
+    SHUTDOWN_JOB_TIMEOUT = "ShutdownJobTimeout"
+    READINESS_GATE_TIMEOUT = "ReadinessGateTimeout"
+    MACHINE_GONE = "MachineGone"
+    SUPERSEDED = "Superseded"
+    STUCK_TRANSITION = "StuckTransition"
+    SLOT_DELETED = "SlotDeleted"
+    NODE_DELETED = "NodeDeleted"
+    CANCELLED_BY_DECREASE_TARGET_SIZE = "CancelledByDecreaseTargetSize"
+    DELETED_BY_HAND = "DeletedByHand"
+    ADOPTED = "Adopted"
+
+
+class ConditionType(StrEnum):
+    """Condition types written on claims, slots and groups."""
+
+    READY = "Ready"
+    MACHINE_COMMITTED = "MachineCommitted"
+    MACHINE_OBSERVED_OFF = "MachineObservedOff"
+    SHUTDOWN_ATTEMPT_LIMIT_REACHED = "ShutdownAttemptLimitReached"
+    # autoscaler marker conditions on the slot report
+    SCALE_UP_IN_FLIGHT = "ScaleUpInFlight"
+    SCALE_DOWN_IN_FLIGHT = "ScaleDownInFlight"
+    GROUP_HEALTHY = "Healthy"
+
+
+class EventReason(StrEnum):
+    """Kubernetes Event reasons: one per claim move, plus warnings that have no move of their own."""
+
+    CLAIM_CREATED = "ClaimCreated"
+    CLAIM_BOOTING = "ClaimBooting"
+    CLAIM_READY = "ClaimReady"
+    CLAIM_FAILED = "ClaimFailed"
+    CLAIM_CANCELLED = "ClaimCancelled"
+    CLAIM_COMPLETED = "ClaimCompleted"
+    CLAIM_SUPERSEDED = "ClaimSuperseded"
+    READINESS_GATE_TIMEOUT = "ReadinessGateTimeout"
+    SHUTDOWN_ATTEMPT_LIMIT_REACHED = "ShutdownAttemptLimitReached"
+    SHUTDOWN_NOT_OBSERVED = "ShutdownNotObserved"
+    MACHINE_ADOPTED = "MachineAdopted"
+    MACHINE_RELEASED = "MachineReleased"
+
+
+class TaintEffect(StrEnum):
+    """The three taint effects the API server accepts."""
+
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class PowerOffNodePolicy(StrEnum):
+    """What happens to the kubelet Node once its machine is verified off."""
+
+    DELETE = "Delete"
+    KEEP = "Keep"
+
+
+class GroupHealth(StrEnum):
+    """Group.status.health, derived from the slots' reports."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    OFFLINE = "offline"
+    UNKNOWN = "unknown"
+
+
+# --- numbers (DESIGN.md "Numbers") ---------------------------------------------------------------------
+JOB_TIMEOUT = timedelta(minutes=5)
+JOB_MONITOR_POLL_INTERVAL = timedelta(seconds=30)
+NODE_REGISTRATION_TIMEOUT = timedelta(seconds=90)
+READINESS_GATE_TIMEOUT = timedelta(minutes=4)
+MAX_UNCORDON_RETRY_INTERVAL = timedelta(seconds=10)
+BOOT_BUDGET_SLACK = timedelta(minutes=1)
+MAX_CONSECUTIVE_ATTEMPTS = 3
+SHUTDOWN_STREAK_RESET_GRACE = timedelta(minutes=30)
+CLAIM_TTL_SECONDS_AFTER_FINISHED = 3600
+HISTORY_RING_ROWS = 32
+HISTORY_WINDOW = timedelta(hours=24)
+ACTIVATION_LEDGER_ROWS = 512
+JOB_BACKOFF_LIMIT = 0
+JOB_TTL_SECONDS_AFTER_FINISHED = 600
+
+DEFAULT_READINESS_TAINTS: tuple[tuple[str, str], ...] = (("node.cilium.io/agent-not-ready", "NoExecute"),)
