@@ -1,4 +1,4 @@
-"""Every name and number the operator shares across packages: one place, so no two modules spell a label twice."""
+"""Every name and number shared across packages, in one place so no two modules spell a label twice."""
 
 from __future__ import annotations
 
