@@ -1,0 +1,653 @@
+"""Pydantic models of the `infra.homecluster.dev/v2alpha1` resources: Group, Node (a slot) and NodeClaim.
+
+The models are the single source of the API: the CRD schemas in `deploy/crds/` are generated from them
+(`api/crds.py`), so a field is added here once and the server, the operator and the tests agree on it.
+Python attributes are snake_case; the JSON names are the camelCase aliases Kubernetes stores. Read an API
+object with `Model.model_validate(obj)` (or `load(obj)`), write one with
+`model.model_dump(by_alias=True, exclude_none=True, mode="json")`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from api import names
+from api.names import (
+    ClaimCall,
+    ClaimPhase,
+    ClaimReason,
+    GroupHealth,
+    PowerOffNodePolicy,
+    PowerState,
+    Report,
+    TaintEffect,
+)
+
+__all__ = [
+    "DURATION_PATTERN",
+    "ClaimDigest",
+    "Condition",
+    "ConditionStatus",
+    "ConfigMapEnvSource",
+    "Duration",
+    "EnvFromSource",
+    "EnvVar",
+    "EnvVarSource",
+    "Group",
+    "GroupSpec",
+    "GroupStatus",
+    "KeySelector",
+    "MinimalPodSpec",
+    "Node",
+    "NodeClaim",
+    "NodeClaimSpec",
+    "NodeClaimStatus",
+    "NodeSpec",
+    "NodeStatus",
+    "ObjectMeta",
+    "OwnerReference",
+    "PodSpecTemplate",
+    "Pricing",
+    "Resource",
+    "ResourceRequirements",
+    "SecretEnvSource",
+    "Taint",
+    "Time",
+    "Toleration",
+    "Transition",
+    "VolumeMount",
+    "format_duration",
+    "load",
+    "parse_duration",
+]
+
+# --- durations -----------------------------------------------------------------------------------------
+
+_UNIT_MICROSECONDS: dict[str, Decimal] = {
+    "ns": Decimal("0.001"),
+    "us": Decimal(1),
+    "µs": Decimal(1),  # U+00B5, what Go prints
+    "μs": Decimal(1),  # U+03BC, what Go also accepts
+    "ms": Decimal(1_000),
+    "s": Decimal(1_000_000),
+    "m": Decimal(60_000_000),
+    "h": Decimal(3_600_000_000),
+}
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_UNIT = r"(?:ns|us|µs|μs|ms|s|m|h)"
+#: The CRD pattern of a duration: what Go's time.ParseDuration accepts, minus the sign.
+DURATION_PATTERN = rf"^(0|({_NUMBER}{_UNIT})+)$"
+_DURATION_RE = re.compile(DURATION_PATTERN)
+_TERM_RE = re.compile(rf"({_NUMBER})({_UNIT})")
+
+
+def parse_duration(value: object) -> timedelta:
+    """Read a Go/Kubernetes duration ("90s", "1h30m", "500ms") or a number of seconds; reject negatives.
+
+    Kubernetes users write metav1.Duration strings, so the operator must read exactly those, and a typo must
+    fail loudly at admission rather than as a zero timeout at 3 am.
+    """
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}: expected a string such as '90s', '2m' or '1h30m'")
+    elif isinstance(value, int | float):
+        result = timedelta(seconds=value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.startswith("-"):
+            raise ValueError(f"negative duration {value!r} is not allowed")
+        if not _DURATION_RE.fullmatch(text):
+            raise ValueError(
+                f"invalid duration {value!r}: expected a Go duration such as '90s', '2m', '1h30m' or '500ms'"
+            )
+        micros = Decimal(0)
+        for number, unit in _TERM_RE.findall(text):
+            try:
+                micros += Decimal(number) * _UNIT_MICROSECONDS[unit]
+            except InvalidOperation as exc:  # pragma: no cover - the pattern already guards this
+                raise ValueError(f"invalid duration {value!r}") from exc
+        result = timedelta(microseconds=int(micros))
+    else:
+        raise ValueError(f"invalid duration {value!r}: expected a string such as '90s', '2m' or '1h30m'")
+    if result < timedelta(0):
+        raise ValueError(f"negative duration {value!r} is not allowed")
+    return result
+
+
+def _fraction(whole: int, part: int, digits: int) -> str:
+    """`whole` plus `part` (of 10**digits) as Go prints it: trailing zeros and a bare dot dropped."""
+    if part == 0:
+        return str(whole)
+    return f"{whole}.{part:0{digits}d}".rstrip("0")
+
+
+def format_duration(value: timedelta) -> str:
+    """Print a duration exactly as Go's time.Duration.String() does ("15m0s", "1h30m0s", "500ms").
+
+    That is what a Go client (and metav1.Duration) writes, so objects round-trip byte-for-byte whichever
+    side wrote them last.
+    """
+    micros = value // timedelta(microseconds=1)
+    if micros < 0:
+        raise ValueError(f"negative duration {value!r} is not allowed")
+    if micros == 0:
+        return "0s"
+    if micros < 1_000:
+        return f"{micros}µs"
+    if micros < 1_000_000:
+        return _fraction(micros // 1_000, micros % 1_000, 3) + "ms"
+    seconds, sub = divmod(micros, 1_000_000)
+    hours, seconds = divmod(seconds, 3_600)
+    minutes, seconds = divmod(seconds, 60)
+    text = _fraction(seconds, sub, 6) + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return text
+
+
+#: A non-negative duration: Go duration strings or seconds in, Go duration strings out.
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
+]
+
+
+# --- times ---------------------------------------------------------------------------------------------
+
+
+def _as_utc(value: object) -> object:
+    """Treat a naive datetime as UTC: every clock in this project is UTC, and Kubernetes only speaks it."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _format_time(value: datetime) -> str:
+    """RFC 3339 in UTC with a `Z`, the form the API server writes for metav1.Time."""
+    text = value.astimezone(UTC).isoformat()
+    return text.removesuffix("+00:00") + "Z"
+
+
+#: A timezone-aware timestamp (naive input is taken as UTC), serialized as RFC 3339 `...Z`.
+Time = Annotated[
+    datetime,
+    BeforeValidator(_as_utc),
+    PlainSerializer(_format_time, return_type=str, when_used="json"),
+]
+
+
+# --- bases ---------------------------------------------------------------------------------------------
+
+
+class _Spec(BaseModel):
+    """Base of every user-written part: camelCase on the wire, unknown keys refused so typos surface."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, extra="forbid")
+
+
+class _Status(BaseModel):
+    """Base of every operator-written part: unknown keys ignored, so an old reader survives a new writer."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, extra="ignore")
+
+
+# --- metadata ------------------------------------------------------------------------------------------
+
+
+class OwnerReference(BaseModel):
+    """metav1.OwnerReference: Jobs are owned by their claim and slot, so garbage collection follows them."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, extra="allow")
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
+class ObjectMeta(BaseModel):
+    """The part of metav1.ObjectMeta the operator reads; anything else the server sends is kept as is."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, extra="allow")
+
+    name: str | None = None
+    generate_name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = None
+    creation_timestamp: Time | None = None
+    deletion_timestamp: Time | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _omit_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Drop empty maps and lists like the API server (Go `omitempty`), so dumps equal stored objects."""
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if value != {} and value != []}
+
+
+# --- shared shapes -------------------------------------------------------------------------------------
+
+
+class Taint(_Spec):
+    """core/v1 Taint; the effect is checked here because the API server would reject the Node patch later."""
+
+    key: str = Field(min_length=1)
+    value: str | None = None
+    effect: TaintEffect
+    time_added: Time | None = None
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(_Status):
+    """metav1.Condition, the same shape and limits as every built-in condition, so tools read ours too."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+        r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+    )
+    status: ConditionStatus
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: Time
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+# --- Group ---------------------------------------------------------------------------------------------
+
+
+def _default_readiness_taints() -> list[Taint]:
+    return [Taint(key=key, effect=TaintEffect(effect)) for key, effect in names.DEFAULT_READINESS_TAINTS]
+
+
+_DEFAULT_READINESS_TAINTS_JSON: list[JsonValue] = [
+    {"key": key, "effect": effect} for key, effect in names.DEFAULT_READINESS_TAINTS
+]
+
+
+class GroupSpec(_Spec):
+    """A pool of slots that cluster-autoscaler sees as one node group, with its autoscaler options."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.minSize) || self.minSize <= self.maxSize",
+                    "message": "minSize must not exceed maxSize",
+                }
+            ]
+        }
+    )
+
+    min_size: int = Field(default=0, ge=0)
+    max_size: int = Field(ge=0)
+    scale_down_utilization_threshold: float | None = Field(default=None, ge=0, le=1)
+    scale_down_gpu_utilization_threshold: float | None = Field(default=None, ge=0, le=1)
+    scale_down_unneeded_time: Duration | None = None
+    scale_down_unready_time: Duration | None = None
+    max_node_provision_time: Duration | None = None
+    zero_or_max_node_scaling: bool | None = None
+    ignore_daemon_sets_utilization: bool | None = None
+    node_readiness_taints: list[Taint] = Field(
+        default_factory=_default_readiness_taints,
+        json_schema_extra={"default": _DEFAULT_READINESS_TAINTS_JSON},
+        description="Taints a new node must lose before its claim is ready; [] disables the gate.",
+    )
+    node_taints: list[Taint] = Field(
+        default_factory=list, description="Taints stamped on a node when its claim becomes ready."
+    )
+    power_off_node_policy: PowerOffNodePolicy = PowerOffNodePolicy.DELETE
+    node_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels of the template node cluster-autoscaler plans with."
+    )
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> Self:
+        if self.min_size > self.max_size:
+            raise ValueError(f"minSize ({self.min_size}) must not exceed maxSize ({self.max_size})")
+        return self
+
+
+class GroupStatus(_Status):
+    """What the operator reports about a group: slot counts, health, the last scale decision."""
+
+    slots: int = Field(default=0, ge=0)
+    on: int = Field(default=0, ge=0)
+    off: int = Field(default=0, ge=0)
+    health: GroupHealth | None = None
+    last_scale_at: Time | None = None
+    last_scale_action: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+# --- Node (slot) ---------------------------------------------------------------------------------------
+
+
+class KeySelector(_Spec):
+    """A key of a Secret or ConfigMap: credentials reach the Job by reference, never by value."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+    optional: bool | None = None
+
+
+class EnvVarSource(_Spec):
+    """Where an env value comes from: exactly one of a Secret key or a ConfigMap key."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+                    "message": "exactly one of secretKeyRef or configMapKeyRef",
+                }
+            ]
+        }
+    )
+
+    secret_key_ref: KeySelector | None = None
+    config_map_key_ref: KeySelector | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError("valueFrom needs exactly one of secretKeyRef or configMapKeyRef")
+        return self
+
+
+class EnvVar(_Spec):
+    """One environment variable of a lifecycle Job: a literal value or a Secret/ConfigMap reference."""
+
+    name: str = Field(min_length=1)
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _not_both(self) -> Self:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name!r} sets both value and valueFrom")
+        return self
+
+
+class SecretEnvSource(_Spec):
+    """A whole Secret exposed as environment variables."""
+
+    name: str = Field(min_length=1)
+    optional: bool | None = None
+
+
+class ConfigMapEnvSource(_Spec):
+    """A whole ConfigMap exposed as environment variables."""
+
+    name: str = Field(min_length=1)
+    optional: bool | None = None
+
+
+class EnvFromSource(_Spec):
+    """envFrom entry: exactly one of a Secret or a ConfigMap, optionally prefixed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.secretRef) != has(self.configMapRef)",
+                    "message": "exactly one of secretRef or configMapRef",
+                }
+            ]
+        }
+    )
+
+    prefix: str | None = None
+    secret_ref: SecretEnvSource | None = None
+    config_map_ref: ConfigMapEnvSource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError("envFrom entry needs exactly one of secretRef or configMapRef")
+        return self
+
+
+class VolumeMount(_Spec):
+    """A Secret or ConfigMap mounted into a lifecycle Job (SSH keys, IPMI configs, scripts)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.secretName) != has(self.configMapName)",
+                    "message": "exactly one of secretName or configMapName",
+                }
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1)
+    mount_path: str = Field(min_length=1)
+    secret_name: str | None = None
+    config_map_name: str | None = None
+    read_only: bool = True
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Self:
+        if (self.secret_name is None) == (self.config_map_name is None):
+            raise ValueError(f"volume {self.name!r} needs exactly one of secretName or configMapName")
+        return self
+
+
+#: A resource quantity string ("100m", "64Mi"); the Job's container takes it as is.
+Quantity = Annotated[str, Field(min_length=1)]
+
+
+class ResourceRequirements(_Spec):
+    """Requests and limits of the lifecycle container, as Kubernetes quantity strings."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class Toleration(_Spec):
+    """core/v1 Toleration, so a lifecycle Job can run on tainted control-plane nodes."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: TaintEffect | None = None
+    toleration_seconds: int | None = None
+
+
+class PodSpecTemplate(_Spec):
+    """The container a lifecycle Job runs to power a machine on or off (wake-on-LAN, IPMI, SSH...).
+
+    Deliberately small: the operator builds the Job, so it can bound it (timeouts, backoff) and label it.
+    """
+
+    image: str = Field(min_length=1)
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[EnvVar] = Field(default_factory=list, max_length=256)
+    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=64)
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=64)
+    service_account: str | None = None
+    resources: ResourceRequirements | None = None
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    backoff_limit: int | None = Field(default=None, ge=0)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+#: The v1alpha1 name of the same shape.
+MinimalPodSpec = PodSpecTemplate
+
+
+class Pricing(_Spec):
+    """What a machine costs while on, so cluster-autoscaler's price expander can prefer cheap machines."""
+
+    hourly_rate: float = Field(ge=0)
+    pod_rate: float | None = Field(default=None, ge=0)
+
+
+class NodeSpec(_Spec):
+    """A slot: one physical machine the operator may power, and how. There is no power intent here."""
+
+    group: str = Field(min_length=1)
+    kubernetes_node_name: str = Field(min_length=1)
+    provider_id: str | None = Field(default=None, alias="providerID")
+    startup_pod_spec: PodSpecTemplate
+    shutdown_pod_spec: PodSpecTemplate
+    pricing: Pricing | None = None
+    taints_to_remove: list[Taint] = Field(default_factory=list)
+
+
+class Transition(_Status):
+    """One row of the slot's report history: the report moved from `from` to `to` at `at`."""
+
+    from_phase: Report | None = Field(default=None, alias="from")
+    to_phase: Report = Field(alias="to")
+    at: Time
+
+
+class ClaimDigest(_Status):
+    """The last claim's story, kept on the slot after the claim itself is collected by its TTL."""
+
+    name: str
+    phase: ClaimPhase | None = None
+    attempt: int | None = Field(default=None, ge=1)
+    call: ClaimCall | None = None
+    group: str | None = None
+    reason: ClaimReason | None = None
+    requested_at: Time | None = None
+    deadline_at: Time | None = None
+    finished_at: Time | None = None
+
+
+class NodeStatus(_Status):
+    """The slot's report: outputs of the law and of observation, never inputs to a decision."""
+
+    power_state: PowerState | None = None
+    phase: Report | None = None
+    last_transition_time: Time | None = None
+    previous_phase: Report | None = None
+    recent_transitions: list[Transition] = Field(default_factory=list)
+    recent_activations: list[Time] = Field(default_factory=list)
+    activations_total: int = Field(default=0, ge=0)
+    activations_last_24h: int = Field(default=0, ge=0, alias="activationsLast24H")
+    last_claim: ClaimDigest | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+# --- NodeClaim -----------------------------------------------------------------------------------------
+
+
+class NodeClaimSpec(_Spec):
+    """One request for the machine of one slot; one claim is one attempt."""
+
+    node: str = Field(min_length=1, description="The slot (Node) this claim wants powered on.")
+    group: str = Field(min_length=1)
+    requested_at: Time
+    deadline_at: Time | None = Field(default=None, description="Boot deadline; cleared when the claim is ready.")
+    max_node_provision_time: Duration | None = None
+    ttl_seconds_after_finished: int = Field(default=names.CLAIM_TTL_SECONDS_AFTER_FINISHED, ge=0)
+    call: ClaimCall = ClaimCall.MANUAL
+
+
+class NodeClaimStatus(_Status):
+    """The claim's record, written only by its workflow. No phase means pending."""
+
+    phase: ClaimPhase | None = None
+    reason: ClaimReason | None = None
+    attempt: int | None = Field(default=None, ge=1)
+    shutdown_attempts: int = Field(default=0, ge=0)
+    last_shutdown_attempt_at: Time | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    finished_at: Time | None = None
+    message: str | None = None
+
+
+# --- resources -----------------------------------------------------------------------------------------
+
+
+class Resource(BaseModel):
+    """Base of the three kinds: envelope fields plus lenient metadata (the server owns most of it)."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, extra="ignore")
+
+    api_version: Literal["infra.homecluster.dev/v2alpha1"] = "infra.homecluster.dev/v2alpha1"
+    kind: str
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+
+
+class Group(Resource):
+    """groups.infra.homecluster.dev"""
+
+    kind: Literal["Group"] = "Group"
+    spec: GroupSpec
+    status: GroupStatus = Field(default_factory=GroupStatus)
+
+
+class Node(Resource):
+    """nodes.infra.homecluster.dev: a slot (not the core/v1 Node its kubelet registers)."""
+
+    kind: Literal["Node"] = "Node"
+    spec: NodeSpec
+    status: NodeStatus = Field(default_factory=NodeStatus)
+
+
+class NodeClaim(Resource):
+    """nodeclaims.infra.homecluster.dev"""
+
+    kind: Literal["NodeClaim"] = "NodeClaim"
+    spec: NodeClaimSpec
+    status: NodeClaimStatus = Field(default_factory=NodeClaimStatus)
+
+
+KINDS: dict[str, type[Group] | type[Node] | type[NodeClaim]] = {
+    names.KIND_GROUP: Group,
+    names.KIND_NODE: Node,
+    names.KIND_NODECLAIM: NodeClaim,
+}
+
+
+def load(obj: dict[str, Any]) -> Group | Node | NodeClaim:
+    """Validate an API object into its model by apiVersion and kind, refusing anything that is not ours."""
+    api_version = obj.get("apiVersion")
+    kind = obj.get("kind")
+    if api_version != names.API_VERSION:
+        raise ValueError(f"unsupported apiVersion {api_version!r} (expected {names.API_VERSION!r})")
+    model = KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise ValueError(f"unknown kind {kind!r} for {names.API_VERSION} (expected one of {sorted(KINDS)})")
+    return model.model_validate(obj)

@@ -1,0 +1,170 @@
+"""Claim phases and their legal moves, the boot deadline, attempt seeding, and the shutdown streak.
+
+All pure: every function that needs the time takes it as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from api.names import (
+    BOOT_BUDGET_SLACK,
+    JOB_MONITOR_POLL_INTERVAL,
+    JOB_TIMEOUT,
+    MAX_CONSECUTIVE_ATTEMPTS,
+    MAX_UNCORDON_RETRY_INTERVAL,
+    NODE_REGISTRATION_TIMEOUT,
+    READINESS_GATE_TIMEOUT,
+    SHUTDOWN_STREAK_RESET_GRACE,
+    ClaimPhase,
+)
+from workflows.law import phase_of
+
+_P = ClaimPhase
+
+# Phase -> the phases it may move to. Terminal phases move nowhere. A move to the same phase is not in the
+# table: a re-apply changes nothing, so the recorder must not write it or publish an Event for it; callers
+# compare before they move.
+LEGAL_MOVES: Mapping[ClaimPhase, frozenset[ClaimPhase]] = {
+    _P.PENDING: frozenset({_P.BOOTING, _P.READY, _P.COMPLETED, _P.FAILED}),
+    _P.BOOTING: frozenset({_P.READY, _P.COMPLETED, _P.FAILED}),
+    _P.READY: frozenset({_P.COMPLETED, _P.FAILED}),
+    _P.FAILED: frozenset(),
+    _P.COMPLETED: frozenset(),
+}
+
+
+class IllegalMove(Exception):
+    """A claim move the phase table refuses; nothing is written for it."""
+
+    def __init__(self, current: ClaimPhase, target: ClaimPhase) -> None:
+        super().__init__(f"illegal claim move {current} -> {target}")
+        self.current = current
+        self.target = target
+
+
+def is_legal(current: ClaimPhase | str | None, target: ClaimPhase | str) -> bool:
+    """Whether the table allows current -> target (a claim with no phase is pending)."""
+    return ClaimPhase(target) in LEGAL_MOVES[phase_of(current)]
+
+
+def move(current: ClaimPhase | str | None, target: ClaimPhase | str) -> ClaimPhase:
+    """The target phase if the move is legal; otherwise IllegalMove, and the caller writes nothing."""
+    cur, tgt = phase_of(current), ClaimPhase(target)
+    if tgt not in LEGAL_MOVES[cur]:
+        raise IllegalMove(cur, tgt)
+    return tgt
+
+
+# --- deadlines ---------------------------------------------------------------------------------------------
+
+# The parts of one attempt, in series, measured from requestedAt (before the startup Job exists).
+BUDGET_PARTS: tuple[timedelta, ...] = (
+    JOB_TIMEOUT,
+    JOB_MONITOR_POLL_INTERVAL,
+    NODE_REGISTRATION_TIMEOUT,
+    READINESS_GATE_TIMEOUT,
+    MAX_UNCORDON_RETRY_INTERVAL,
+    BOOT_BUDGET_SLACK,
+)
+
+
+def attempt_budget() -> timedelta:
+    """One attempt's worst case: Job, poll, registration, gate, uncordon retry, slack (12m10s)."""
+    return sum(BUDGET_PARTS, timedelta())
+
+
+def machine_gone_grace() -> timedelta:
+    """How long a ready claim may see its machine off before it fails MachineGone: one boot window."""
+    return attempt_budget()
+
+
+def deadline_at(requested_at: datetime, group_max: timedelta | None) -> datetime:
+    """requestedAt + max(budget, group maxNodeProvisionTime): never before cluster-autoscaler gives up."""
+    return requested_at + max(attempt_budget(), group_max or timedelta())
+
+
+# --- attempts ----------------------------------------------------------------------------------------------
+
+# What the previous claim's phase says about the streak: True continues it (+1), False restarts it (1).
+# pending/booting in a digest means the claim was collected or superseded before it reached ready: it
+# bought no machine, so it counts as a failure of the streak, like failed.
+CONTINUES_STREAK: Mapping[ClaimPhase, bool] = {
+    _P.PENDING: True,
+    _P.BOOTING: True,
+    _P.READY: False,
+    _P.COMPLETED: False,
+    _P.FAILED: True,
+}
+
+
+def _field(obj: Any, name: str) -> Any:
+    """A field of a digest given as a mapping or an object with attributes."""
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def seed_attempt(last_claim: Any) -> int:
+    """The attempt number of a new claim, from the slot's last-claim digest (None: the first claim, 1).
+
+    +1 while the slot keeps failing, back to 1 after an episode that ended ready or completed. A digest with
+    no attempt counts as attempt 1.
+    """
+    if last_claim is None:
+        return 1
+    previous = max(int(_field(last_claim, "attempt") or 1), 1)
+    return previous + 1 if CONTINUES_STREAK[phase_of(_field(last_claim, "phase"))] else 1
+
+
+def attempt_limit_exceeded(attempt: int) -> bool:
+    """Past MaxConsecutiveAttempts the claim fails AttemptLimitExceeded before a machine is bought."""
+    return attempt > MAX_CONSECUTIVE_ATTEMPTS
+
+
+# --- the shutdown streak -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShutdownStreak:
+    """The shutdown Jobs a scale-down claim has fired (status.shutdownAttempts, lastShutdownAttemptAt)."""
+
+    attempts: int = 0
+    last_attempt_at: datetime | None = None
+
+
+def reset() -> ShutdownStreak:
+    """A streak with nothing spent, as after the machine is observed off or the operator's reset."""
+    return ShutdownStreak(0, None)
+
+
+def effective(streak: ShutdownStreak, now: datetime) -> ShutdownStreak:
+    """The streak in force at `now`: reset once the grace has passed since the last attempt.
+
+    A streak with attempts but no timestamp cannot be bounded, so it is treated as expired (a pause is
+    never a sentence).
+    """
+    if streak.last_attempt_at is None or now >= streak.last_attempt_at + SHUTDOWN_STREAK_RESET_GRACE:
+        return reset()
+    return streak
+
+
+def may_fire_shutdown(streak: ShutdownStreak, now: datetime) -> bool:
+    """False while the streak is spent (attempts >= limit) and the grace since its last Job has not passed."""
+    return effective(streak, now).attempts < MAX_CONSECUTIVE_ATTEMPTS
+
+
+def after_shutdown_job(streak: ShutdownStreak, now: datetime) -> ShutdownStreak:
+    """The streak after one more shutdown Job at `now`; an expired streak restarts its count first."""
+    current = effective(streak, now)
+    return replace(current, attempts=current.attempts + 1, last_attempt_at=now)
+
+
+def next_shutdown_allowed_at(streak: ShutdownStreak) -> datetime | None:
+    """When a spent streak lets a shutdown fire again (a timer target); None when it is not spent."""
+    if streak.attempts < MAX_CONSECUTIVE_ATTEMPTS or streak.last_attempt_at is None:
+        return None
+    return streak.last_attempt_at + SHUTDOWN_STREAK_RESET_GRACE
