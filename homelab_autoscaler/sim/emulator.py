@@ -1,0 +1,1119 @@
+"""A faithful-enough Kubernetes API server for tests and the simulator, built on kmock 0.8.
+
+Stock ``kmock.KubernetesEmulator`` gets several semantics wrong that the operator depends on (no
+resourceVersion/409, no label selectors, no ``/status`` separation, 200 instead of 201 on create,
+watches without resume/timeout/410, injected errors that still apply the write — see
+``/work/shared/reference/k8s-emulator.md``). ``KubeEmulator`` keeps kmock's discovery, error rendering
+and ``kmock.Server`` plumbing, but serves every resource request (``/api/v1/...``, ``/apis/G/V/...``)
+from its own store so those semantics are right, and so the real ``kubernetes`` client and ``kubectl``
+can talk to it over HTTP.
+
+Not implemented (tests must not rely on these): server-side apply (``application/apply-patch+yaml``
+→ 415), OpenAPI schema validation/defaulting/pruning, admission, RBAC/authn, pagination
+(``limit``/``continue`` are ignored: everything is returned), ``resourceVersionMatch``, Foreground
+deletion (treated as Background), GC of objects whose owners never existed, namespace existence
+checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
+watch as Table, and field selectors are accepted for any dotted path (a real server allows a per-kind
+list). Strategic merge patch is the approximation documented in ``emulator_patch``. kmock's reaction DSL
+(``emulator['patch ...'] << 500``) does not apply to resource paths, which this class serves itself: inject
+failures with ``emulator.faults`` instead (they fire before any state change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import datetime
+import json
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+import aiohttp.web
+import kmock
+from kubernetes import client as k8s_client
+
+from homelab_autoscaler.sim.emulator_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from homelab_autoscaler.sim.emulator_resources import (
+    CRD_GROUP,
+    CRD_VERSION,
+    DEFAULT_RESOURCES,
+    ResKey,
+    ResourceSpec,
+)
+from homelab_autoscaler.sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
+
+__all__ = [
+    "CRD_GROUP",
+    "CRD_VERSION",
+    "DEFAULT_RESOURCES",
+    "ApiError",
+    "EmulatorServer",
+    "Fault",
+    "KubeEmulator",
+    "RequestInfo",
+    "ResourceSpec",
+    "WatchEvent",
+    "format_time",
+]
+
+T = TypeVar("T")
+ObjKey = tuple[str | None, str]  # (namespace, name) within one resource
+Obj = dict[str, Any]
+
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the API server's own alphabet (no vowels)
+_WATCH_TRUE = frozenset({"true", "1", "True", "TRUE", "yes"})
+
+
+def format_time(moment: datetime.datetime) -> str:
+    """RFC 3339 with a ``Z`` suffix, second precision, as the API server writes timestamps."""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class ApiError(Exception):
+    """An API failure rendered as a ``v1 Status`` body (``reason`` is what clients switch on)."""
+
+    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.details = dict(details or {})
+
+    def body(self) -> Obj:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """One request as the emulator understood it; ``emulator.requests`` keeps them all (for RBAC checks).
+
+    ``verb`` uses the RBAC verbs: get, list, watch, create, update, patch, delete, deletecollection
+    (and the HTTP method lower-cased for non-resource paths such as discovery).
+    """
+
+    verb: str
+    method: str
+    path: str
+    group: str | None
+    version: str | None
+    plural: str | None
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+    params: Mapping[str, str] = field(default_factory=dict, hash=False)
+    body: Any = field(default=None, hash=False, compare=False, repr=False)
+    content_type: str = ""
+
+    @property
+    def action(self) -> str:
+        """Alias of ``verb`` for readers used to kmock's naming."""
+        return self.verb
+
+    @property
+    def resource_key(self) -> ResKey | None:
+        if self.group is None or self.version is None or self.plural is None:
+            return None
+        return (self.group, self.version, self.plural)
+
+
+@dataclass
+class Fault:
+    """An injected failure or delay, checked before any state change (so a failed write changes nothing).
+
+    ``match`` gets the ``RequestInfo``; the first matching fault fires. ``delay`` sleeps first; then the
+    request fails with ``status``/``reason`` or, when ``status`` is None, proceeds normally. ``times``
+    counts down and the fault is removed at zero; None fires forever.
+    """
+
+    match: Callable[[RequestInfo], bool] = lambda _info: True
+    status: int | None = 500
+    times: int | None = 1
+    delay: float = 0.0
+    reason: str = "InternalError"
+    message: str = "injected fault"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One entry of a resource's event log: the new state and, for MODIFIED, the state before."""
+
+    rv: int
+    type: str
+    obj: Obj
+    old: Obj | None = None
+
+
+@dataclass
+class _Log:
+    events: deque[WatchEvent]
+    dropped_upto: int = 0  # the rv of the newest event that fell out of the bounded log
+
+
+def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _human_age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * 2 or (unit == "m" and seconds >= 60):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+class KubeEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with real API-server semantics for the resources it declares.
+
+    All state changes happen synchronously on the server's event loop (no ``await`` in between), so
+    requests are atomic without a lock. Direct helpers (``get_object``, ``put_object``,
+    ``patch_object``, ``delete_object``, ``objects_of``) must be called on that loop too — from another
+    thread use ``EmulatorServer.call``.
+    """
+
+    def __init__(
+        self,
+        *,
+        resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
+        clock: Callable[[], datetime.datetime] = _utc_now,
+        event_log_size: int = 1000,
+    ) -> None:
+        super().__init__()
+        self.clock = clock
+        self.event_log_size = event_log_size
+        self.specs: dict[ResKey, ResourceSpec] = {}
+        self.store: dict[ResKey, dict[ObjKey, Obj]] = {}
+        self.faults: list[Fault] = []
+        self.requests: list[RequestInfo] = []
+        self.compacted_below: int = 0
+        self._rv = 0
+        self._logs: dict[ResKey, _Log] = {}
+        self._uids: dict[str, tuple[ResKey, ObjKey]] = {}
+        self._orphan_on_removal: set[str] = set()
+        self._wakeups: set[asyncio.Event] = set()
+        self._closing = False
+        for spec in resources:
+            self.declare(spec)
+
+    # ----------------------------------------------------------------------------------------------
+    # Declarations and direct state access (call on the server loop).
+
+    def declare(self, spec: ResourceSpec) -> None:
+        """Serve one more resource (also advertised in discovery)."""
+        self.specs[spec.key] = spec
+        self.store.setdefault(spec.key, {})
+        self._logs.setdefault(spec.key, _Log(deque(maxlen=self.event_log_size)))
+        self.resources[kmock.resource(spec.group, spec.version, spec.plural)] = kmock.ResourceInfo(
+            kind=spec.kind,
+            namespaced=spec.namespaced,
+            singular=spec.singular,
+            verbs=set(spec.verbs),
+            shortnames=set(spec.short_names),
+            categories=set(spec.categories),
+            subresources={"status"} if spec.status_subresource else set(),
+        )
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion handed out (a global counter, like etcd's revision)."""
+        return self._rv
+
+    def spec_of(self, group_version: str, plural: str) -> ResourceSpec:
+        group, _, version = group_version.rpartition("/")
+        try:
+            return self.specs[(group, version, plural)]
+        except KeyError:
+            raise KeyError(f"resource {plural} in {group_version!r} is not declared") from None
+
+    def get_object(self, group_version: str, plural: str, namespace: str | None, name: str) -> Obj | None:
+        """A deep copy of the stored object, or None."""
+        obj = self.store[self.spec_of(group_version, plural).key].get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def objects_of(self, group_version: str, plural: str, namespace: str | None = None) -> list[Obj]:
+        """Deep copies of all stored objects of a resource (optionally of one namespace), sorted."""
+        items = self.store[self.spec_of(group_version, plural).key]
+        return [
+            copy.deepcopy(obj)
+            for (ns, _), obj in sorted(items.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+            if namespace is None or ns == namespace
+        ]
+
+    def put_object(self, group_version: str, plural: str, obj: Mapping[str, Any], namespace: str | None = None) -> Obj:
+        """Seed or overwrite an object verbatim (status included), stamping missing server metadata.
+
+        Emits ADDED or MODIFIED to watchers and bumps the resourceVersion, like a real write would.
+        """
+        spec = self.spec_of(group_version, plural)
+        body = copy.deepcopy(dict(obj))
+        meta = body.setdefault("metadata", {})
+        if spec.namespaced:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        else:
+            meta.pop("namespace", None)
+        key: ObjKey = (meta.get("namespace"), meta["name"])
+        old = self.store[spec.key].get(key)
+        if old is None:
+            self._stamp(spec, body)
+            return self._insert(spec, key, body)
+        new_meta = body["metadata"]
+        for field_name in ("uid", "creationTimestamp"):
+            new_meta.setdefault(field_name, _meta(old).get(field_name))
+        new_meta.setdefault("generation", _meta(old).get("generation", 1))
+        body.setdefault("apiVersion", spec.api_version)
+        body.setdefault("kind", spec.kind)
+        return self._commit(spec, key, old, body)
+
+    def patch_object(
+        self,
+        group_version: str,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> Obj:
+        """Merge-patch an object as a client would (status isolation applies to ``subresource``)."""
+        spec = self.spec_of(group_version, plural)
+        key: ObjKey = (namespace if spec.namespaced else None, name)
+        old = self._require(spec, key)
+        new = merge_patch(old, dict(patch))
+        return self._write(spec, key, old, new, subresource)
+
+    def delete_object(
+        self, group_version: str, plural: str, namespace: str | None, name: str, orphan: bool = False
+    ) -> Obj:
+        """Delete as a client would: finalizers make it terminating, otherwise removed (with GC)."""
+        spec = self.spec_of(group_version, plural)
+        key: ObjKey = (namespace if spec.namespaced else None, name)
+        return self._delete(spec, key, orphan=orphan)
+
+    def shutdown_watches(self) -> None:
+        """End every open watch stream (used before the server stops, so shutdown never hangs)."""
+        self._closing = True
+        self._wake()
+
+    # ----------------------------------------------------------------------------------------------
+    # The core state machine (synchronous: atomic on the event loop).
+
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _wake(self) -> None:
+        for event in self._wakeups:
+            event.set()
+
+    def _emit(self, spec: ResourceSpec, kind: str, obj: Obj, old: Obj | None = None) -> None:
+        log = self._logs[spec.key]
+        if log.events.maxlen is not None and len(log.events) == log.events.maxlen:
+            log.dropped_upto = log.events[0].rv
+        log.events.append(WatchEvent(int(_meta(obj)["resourceVersion"]), kind, copy.deepcopy(obj), old))
+        self._wake()
+
+    def _require(self, spec: ResourceSpec, key: ObjKey) -> Obj:
+        obj = self.store[spec.key].get(key)
+        if obj is None:
+            group_plural = f"{spec.plural}.{spec.group}" if spec.group else spec.plural
+            raise ApiError(
+                404,
+                "NotFound",
+                f'{group_plural} "{key[1]}" not found',
+                {"name": key[1], "group": spec.group, "kind": spec.plural},
+            )
+        return obj
+
+    def _stamp(self, spec: ResourceSpec, body: Obj) -> None:
+        body["apiVersion"] = spec.api_version
+        body["kind"] = spec.kind
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", format_time(self.clock()))
+        meta.setdefault("generation", 1)
+
+    def _insert(self, spec: ResourceSpec, key: ObjKey, body: Obj) -> Obj:
+        body["metadata"]["resourceVersion"] = str(self._next_rv())
+        self.store[spec.key][key] = body
+        self._uids[body["metadata"]["uid"]] = (spec.key, key)
+        self._emit(spec, "ADDED", body)
+        return copy.deepcopy(body)
+
+    def _commit(self, spec: ResourceSpec, key: ObjKey, old: Obj, new: Obj) -> Obj:
+        """Store ``new`` over ``old`` if anything changed; finish a terminating object with no finalizers."""
+        new["metadata"]["resourceVersion"] = _meta(old).get("resourceVersion")
+        if new == old:
+            return copy.deepcopy(old)
+        new["metadata"]["resourceVersion"] = str(self._next_rv())
+        self.store[spec.key][key] = new
+        self._emit(spec, "MODIFIED", new, copy.deepcopy(old))
+        if _meta(new).get("deletionTimestamp") and not _meta(new).get("finalizers"):
+            return self._remove(spec, key)
+        return copy.deepcopy(new)
+
+    def _write(self, spec: ResourceSpec, key: ObjKey, old: Obj, new: Any, subresource: str | None) -> Obj:
+        """Apply the subresource rules and immutable metadata to a proposed new state, then commit."""
+        if not isinstance(new, dict):
+            raise ApiError(422, "Invalid", "the patched object is not a JSON object")
+        new = copy.deepcopy(new)
+        if subresource not in (None, "status") or (subresource == "status" and not spec.status_subresource):
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({subresource})")
+        if subresource == "status":
+            result = copy.deepcopy(old)
+            if "status" in new:
+                result["status"] = new["status"]
+            else:
+                result.pop("status", None)
+            new = result
+        elif spec.status_subresource:
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        meta = new.get("metadata")
+        if not isinstance(meta, dict):
+            meta = new["metadata"] = {}
+        old_meta = _meta(old)
+        for immutable in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+            if immutable in old_meta:
+                meta[immutable] = old_meta[immutable]
+            else:
+                meta.pop(immutable, None)
+        if "deletionGracePeriodSeconds" in old_meta:
+            meta["deletionGracePeriodSeconds"] = old_meta["deletionGracePeriodSeconds"]
+        new["apiVersion"], new["kind"] = spec.api_version, spec.kind
+        if old_meta.get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
+            if added:
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"metadata.finalizers: Forbidden: no new finalizers can be added if the object is being"
+                    f" deleted, found new finalizers {sorted(added)!r}",
+                )
+        if not meta.get("finalizers"):
+            meta.pop("finalizers", None)
+        generation = int(old_meta.get("generation", 1))
+        strip = ("metadata", "status")
+        if {k: v for k, v in new.items() if k not in strip} != {k: v for k, v in old.items() if k not in strip}:
+            generation += 1
+        meta["generation"] = generation
+        return self._commit(spec, key, old, new)
+
+    def _delete(self, spec: ResourceSpec, key: ObjKey, *, orphan: bool = False) -> Obj:
+        obj = self._require(spec, key)
+        meta = _meta(obj)
+        if meta.get("deletionTimestamp"):
+            return copy.deepcopy(obj)
+        if meta.get("finalizers"):
+            if orphan:
+                self._orphan_on_removal.add(meta["uid"])
+            new = copy.deepcopy(obj)
+            new["metadata"]["deletionTimestamp"] = format_time(self.clock())
+            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            return self._commit(spec, key, obj, new)
+        if orphan:
+            self._orphan_on_removal.add(meta["uid"])
+        return self._remove(spec, key)
+
+    def _remove(self, spec: ResourceSpec, key: ObjKey) -> Obj:
+        """Remove for good, emit DELETED, then garbage-collect dependents (background propagation).
+
+        A dependent is deleted once none of its owners exists any more; while some owner remains, the
+        dangling reference is removed from it (as the real garbage collector does). With Orphan, the
+        reference is removed and the dependent kept.
+        """
+        obj = self.store[spec.key].pop(key)
+        uid = _meta(obj)["uid"]
+        self._uids.pop(uid, None)
+        obj["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._emit(spec, "DELETED", obj)
+        orphan = uid in self._orphan_on_removal
+        self._orphan_on_removal.discard(uid)
+        dependents = [
+            (dep_spec, dep_key)
+            for dep_spec in self.specs.values()
+            for dep_key, dep in self.store[dep_spec.key].items()
+            if any(ref.get("uid") == uid for ref in _meta(dep).get("ownerReferences") or [])
+        ]
+        for dep_spec, dep_key in dependents:
+            dep = self.store[dep_spec.key].get(dep_key)
+            if dep is None:  # already collected through another path
+                continue
+            refs = _meta(dep).get("ownerReferences") or []
+            alive = [ref for ref in refs if ref.get("uid") in self._uids]
+            if orphan or alive:
+                new = copy.deepcopy(dep)
+                kept = [ref for ref in refs if ref.get("uid") != uid]
+                if kept:
+                    new["metadata"]["ownerReferences"] = kept
+                else:
+                    new["metadata"].pop("ownerReferences", None)
+                self._commit(dep_spec, dep_key, dep, new)
+            else:
+                self._delete(dep_spec, dep_key)
+        return obj
+
+    # ----------------------------------------------------------------------------------------------
+    # HTTP.
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Serve resource paths ourselves; hand discovery and anything else to kmock."""
+        body_bytes = await raw_request.read()
+        parsed = _parse_path(raw_request.path)
+        params = dict(raw_request.query)
+        content_type = raw_request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        body: Any = None
+        body_error = False
+        if body_bytes:
+            try:
+                body = json.loads(body_bytes)
+            except ValueError:
+                body_error = True
+        verb = _verb(raw_request.method, parsed, params)
+        info = RequestInfo(
+            verb=verb,
+            method=raw_request.method,
+            path=raw_request.path,
+            group=parsed[0] if parsed else None,
+            version=parsed[1] if parsed else None,
+            plural=parsed[2] if parsed else None,
+            namespace=parsed[3] if parsed else None,
+            name=parsed[4] if parsed else None,
+            subresource=parsed[5] if parsed else None,
+            params=params,
+            body=body,
+            content_type=content_type,
+        )
+        self.requests.append(info)
+        if parsed is None:
+            discovery = self._discovery(raw_request.path.rstrip("/") or "/")
+            if discovery is not None and raw_request.method == "GET":
+                return aiohttp.web.json_response(discovery)
+            response: aiohttp.web.StreamResponse = await super().__call__(raw_request)
+            return response
+        try:
+            await self._apply_faults(info)
+            if body_error:
+                raise ApiError(400, "BadRequest", "the request body is not valid JSON")
+            return await self._serve(raw_request, info)
+        except ApiError as exc:
+            return aiohttp.web.json_response(exc.body(), status=exc.status)
+        except (PatchError, SelectorError) as exc:
+            status, reason = (exc.status, exc.reason) if isinstance(exc, PatchError) else (400, "BadRequest")
+            return aiohttp.web.json_response(ApiError(status, reason, str(exc)).body(), status=status)
+
+    def _discovery(self, path: str) -> Obj | None:
+        """Legacy discovery documents (kubectl falls back to them from aggregated discovery).
+
+        Served here rather than by kmock because clients ask for ``/apis/`` and ``/version/`` with a
+        trailing slash, and so that the order of groups and versions is deterministic.
+        """
+        groups: dict[str, list[str]] = {}
+        for group, version, _ in self.specs:
+            if group and version not in groups.setdefault(group, []):
+                groups[group].append(version)
+
+        def group_doc(group: str) -> Obj:
+            versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in groups[group]]
+            return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+        if path == "/":
+            paths = ["/api", "/api/v1", "/apis", "/version"]
+            paths += [f"/apis/{g}" for g in groups] + [f"/apis/{g}/{v}" for g in groups for v in groups[g]]
+            return {"paths": paths}
+        if path == "/version":
+            return {
+                "major": "1",
+                "minor": "32",
+                "gitVersion": "v1.32.0-homelab-emulator",
+                "gitCommit": "0000000000000000000000000000000000000000",
+                "gitTreeState": "clean",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.23",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
+        if path == "/api":
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+            }
+        if path == "/apis":
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_doc(g) for g in groups]}
+        parts = path.strip("/").split("/")
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
+            return {"kind": "APIGroup", "apiVersion": "v1", **group_doc(parts[1])}
+        if (len(parts) == 2 and parts[0] == "api") or (len(parts) == 3 and parts[0] == "apis"):
+            group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+            specs = [s for s in self.specs.values() if (s.group, s.version) == (group, version)]
+            if not specs:
+                return None
+            resources: list[Obj] = []
+            for spec in specs:
+                resources.append(
+                    {
+                        "name": spec.plural,
+                        "singularName": spec.singular,
+                        "namespaced": spec.namespaced,
+                        "kind": spec.kind,
+                        "verbs": sorted(spec.verbs),
+                        "shortNames": list(spec.short_names),
+                        "categories": list(spec.categories),
+                    }
+                )
+                if spec.status_subresource:
+                    resources.append(
+                        {
+                            "name": f"{spec.plural}/status",
+                            "singularName": "",
+                            "namespaced": spec.namespaced,
+                            "kind": spec.kind,
+                            "verbs": ["get", "patch", "update"],
+                        }
+                    )
+            return {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version,
+                "resources": resources,
+            }
+        return None
+
+    async def _apply_faults(self, info: RequestInfo) -> None:
+        for fault in list(self.faults):
+            if not fault.match(info):
+                continue
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.remove(fault)
+            if fault.delay:
+                await asyncio.sleep(fault.delay)
+            if fault.status is not None:
+                raise ApiError(fault.status, fault.reason, fault.message)
+            return
+
+    async def _serve(self, raw_request: aiohttp.web.BaseRequest, info: RequestInfo) -> aiohttp.web.StreamResponse:
+        key = info.resource_key
+        spec = self.specs.get(key) if key else None
+        if spec is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if spec.namespaced and info.namespace is None and info.verb not in ("list", "watch"):
+            raise ApiError(404, "NotFound", f"{spec.plural} is namespaced: the URL needs a namespace")
+        if not spec.namespaced and info.namespace is not None:
+            raise ApiError(404, "NotFound", f"{spec.plural} is cluster-scoped: the URL must not have a namespace")
+        if info.verb not in spec.verbs and info.verb in {
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+        }:
+            raise ApiError(405, "MethodNotAllowed", f"{info.verb} is not supported on {spec.plural}")
+        dry_run = info.params.get("dryRun") == "All"
+        key_: ObjKey = (info.namespace, info.name or "")
+        if info.verb == "watch":
+            return await self._watch_stream(raw_request, spec, info)
+        if info.verb == "list":
+            return self._respond(raw_request, spec, self._list(spec, info), table=True)
+        if info.verb == "get":
+            if info.subresource not in (None, "status"):
+                raise ApiError(404, "NotFound", f"unknown subresource {info.subresource}")
+            return self._respond(raw_request, spec, copy.deepcopy(self._require(spec, key_)), table=True)
+        if info.verb == "create":
+            return self._respond(raw_request, spec, self._create(spec, info, dry_run), status=201)
+        if info.verb in ("patch", "update"):
+            old = self._require(spec, key_)
+            new = self._proposed(spec, info, old)
+            sent_rv = _meta(new).get("resourceVersion") if isinstance(new, dict) else None
+            if sent_rv not in (None, "") and str(sent_rv) != _meta(old).get("resourceVersion"):
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {spec.plural} "{info.name}": the object has been'
+                    " modified; please apply your changes to the latest version and try again",
+                    {"name": info.name, "group": spec.group, "kind": spec.plural},
+                )
+            if dry_run:
+                return self._respond(raw_request, spec, new)
+            return self._respond(raw_request, spec, self._write(spec, key_, old, new, info.subresource))
+        if info.verb == "delete":
+            return self._respond(raw_request, spec, self._serve_delete_one(spec, key_, info, dry_run))
+        if info.verb == "deletecollection":
+            items = self._list(spec, info)["items"]
+            if not dry_run:
+                for item in items:
+                    with contextlib.suppress(ApiError):
+                        self._delete(spec, (_meta(item).get("namespace"), _meta(item)["name"]))
+            return self._respond(raw_request, spec, self._list_body(spec, items))
+        raise ApiError(405, "MethodNotAllowed", f"{info.method} is not supported here")
+
+    def _respond(
+        self,
+        raw_request: aiohttp.web.BaseRequest,
+        spec: ResourceSpec,
+        payload: Obj,
+        *,
+        status: int = 200,
+        table: bool = False,
+    ) -> aiohttp.web.StreamResponse:
+        if table and "as=Table" in raw_request.headers.get("Accept", ""):
+            payload = self._as_table(payload)
+        return aiohttp.web.json_response(payload, status=status)
+
+    def _as_table(self, payload: Obj) -> Obj:
+        """A meta.k8s.io/v1 Table (Name, Age) so ``kubectl get`` prints without the CRD's printer columns."""
+        items = payload.get("items", [payload])
+        now = self.clock()
+        rows = []
+        for item in items:
+            meta = _meta(item)
+            created = meta.get("creationTimestamp")
+            age = "<unknown>"
+            if created:
+                start = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+                age = _human_age((now - start).total_seconds())
+            partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
+            rows.append({"cells": [meta.get("name"), age], "object": partial})
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "columnDefinitions": [
+                {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0},
+                {"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0},
+            ],
+            "rows": rows,
+        }
+
+    def _check_rv_param(self, spec: ResourceSpec, raw: str | None, *, watch: bool) -> int | None:
+        if raw in (None, "", "0"):
+            return None
+        try:
+            rv = int(str(raw))
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid resourceVersion {raw!r}") from None
+        if rv < self.compacted_below or (watch and rv < self._logs[spec.key].dropped_upto):
+            raise ApiError(410, "Expired", f"too old resource version: {rv} ({self._rv})")
+        return rv
+
+    def _matcher(self, info: RequestInfo) -> Callable[[Mapping[str, Any]], bool]:
+        labels = parse_label_selector(info.params.get("labelSelector"))
+        fields = parse_field_selector(info.params.get("fieldSelector"))
+
+        def matches(obj: Mapping[str, Any]) -> bool:
+            meta = _meta(obj)
+            if info.namespace is not None and meta.get("namespace") != info.namespace:
+                return False
+            if info.name is not None and meta.get("name") != info.name:
+                return False
+            return labels.matches(meta.get("labels")) and fields(obj)
+
+        return matches
+
+    def _list_body(self, spec: ResourceSpec, items: list[Obj]) -> Obj:
+        return {
+            "apiVersion": spec.api_version,
+            "kind": f"{spec.kind}List",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    def _list(self, spec: ResourceSpec, info: RequestInfo) -> Obj:
+        self._check_rv_param(spec, info.params.get("resourceVersion"), watch=False)
+        matches = self._matcher(info)
+        items = [
+            copy.deepcopy(obj)
+            for (_, _), obj in sorted(self.store[spec.key].items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+            if matches(obj)
+        ]
+        return self._list_body(spec, items)
+
+    def _create(self, spec: ResourceSpec, info: RequestInfo, dry_run: bool) -> Obj:
+        if not isinstance(info.body, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        body = copy.deepcopy(info.body)
+        meta = body.get("metadata")
+        if not isinstance(meta, dict):
+            meta = body["metadata"] = {}
+        if spec.namespaced:
+            if meta.get("namespace") not in (None, "", info.namespace):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
+            meta["namespace"] = info.namespace
+        else:
+            meta.pop("namespace", None)
+        for server_owned in (
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "generation",
+        ):
+            meta.pop(server_owned, None)
+        meta.pop("deletionGracePeriodSeconds", None)
+        if spec.strip_status_on_create:
+            body.pop("status", None)
+        if spec.key == ("", "v1", "namespaces"):
+            body["status"] = {"phase": "Active"}
+        items = self.store[spec.key]
+        if not meta.get("name"):
+            prefix = meta.get("generateName")
+            if not prefix:
+                raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+            for _ in range(16):
+                meta["name"] = prefix + "".join(random.choices(_GENERATE_ALPHABET, k=5))
+                if (meta.get("namespace"), meta["name"]) not in items:
+                    break
+            else:
+                raise ApiError(409, "AlreadyExists", "could not generate a unique name")
+        key: ObjKey = (meta.get("namespace"), meta["name"])
+        if key in items:
+            group_plural = f"{spec.plural}.{spec.group}" if spec.group else spec.plural
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{group_plural} "{meta["name"]}" already exists',
+                {"name": meta["name"], "group": spec.group, "kind": spec.plural},
+            )
+        self._stamp(spec, body)
+        if dry_run:
+            return body
+        return self._insert(spec, key, body)
+
+    def _proposed(self, spec: ResourceSpec, info: RequestInfo, old: Obj) -> Any:
+        if info.verb == "update":
+            if not isinstance(info.body, dict):
+                raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+            if _meta(info.body).get("name") not in (None, info.name):
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            return copy.deepcopy(info.body)
+        kind = info.content_type
+        if kind == "application/json-patch+json":
+            return json_patch(old, info.body)
+        if kind == "application/merge-patch+json":
+            return merge_patch(old, info.body)
+        if kind == "application/strategic-merge-patch+json":
+            if spec.custom:
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include:"
+                    " application/json-patch+json, application/merge-patch+json,"
+                    " application/apply-patch+yaml",
+                )
+            return strategic_merge_patch(old, info.body)
+        raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {kind!r}")
+
+    def _serve_delete_one(self, spec: ResourceSpec, key: ObjKey, info: RequestInfo, dry_run: bool) -> Obj:
+        obj = self._require(spec, key)
+        options = info.body if isinstance(info.body, dict) else {}
+        preconditions = options.get("preconditions") or {}
+        for field_name in ("uid", "resourceVersion"):
+            wanted = preconditions.get(field_name)
+            if wanted and wanted != _meta(obj).get(field_name):
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: {field_name} in precondition: {wanted}",
+                    {"name": key[1]},
+                )
+        policy = info.params.get("propagationPolicy") or options.get("propagationPolicy")
+        orphan = policy == "Orphan" or options.get("orphanDependents") is True
+        if dry_run:
+            return copy.deepcopy(obj)
+        return self._delete(spec, key, orphan=orphan)
+
+    async def _watch_stream(
+        self, raw_request: aiohttp.web.BaseRequest, spec: ResourceSpec, info: RequestInfo
+    ) -> aiohttp.web.StreamResponse:
+        """Stream events from the bounded per-resource log (so a resume replays what happened, in order)."""
+        matches = self._matcher(info)
+        timeout = info.params.get("timeoutSeconds")
+        deadline = time.monotonic() + float(timeout) if timeout else None
+        bookmarks = info.params.get("allowWatchBookmarks") in _WATCH_TRUE
+        response = aiohttp.web.StreamResponse(status=200)
+        response.content_type = "application/json"
+        await response.prepare(raw_request)
+
+        async def send(kind: str, obj: Obj) -> None:
+            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        try:
+            try:
+                start = self._check_rv_param(spec, info.params.get("resourceVersion"), watch=True)
+            except ApiError as exc:
+                await send("ERROR", exc.body())
+                await response.write_eof()
+                return response
+            initial: list[Obj] = []
+            if start is None:
+                start = self._rv
+                initial = [
+                    copy.deepcopy(obj)
+                    for _, obj in sorted(self.store[spec.key].items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+                    if matches(obj)
+                ]
+            for obj in initial:
+                await send("ADDED", obj)
+            if bookmarks and info.params.get("sendInitialEvents") in _WATCH_TRUE:
+                await send("BOOKMARK", self._bookmark(spec, start, initial_end=True))
+            await self._stream_events(raw_request, spec, matches, start, deadline, send)
+            if bookmarks and not self._closing:
+                await send("BOOKMARK", self._bookmark(spec, self._rv))
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return response
+
+    def _bookmark(self, spec: ResourceSpec, rv: int, *, initial_end: bool = False) -> Obj:
+        meta: Obj = {"resourceVersion": str(rv)}
+        if initial_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return {"kind": spec.kind, "apiVersion": spec.api_version, "metadata": meta}
+
+    async def _stream_events(
+        self,
+        raw_request: aiohttp.web.BaseRequest,
+        spec: ResourceSpec,
+        matches: Callable[[Mapping[str, Any]], bool],
+        last: int,
+        deadline: float | None,
+        send: Callable[[str, Obj], Any],
+    ) -> None:
+        wakeup = asyncio.Event()
+        self._wakeups.add(wakeup)
+        log = self._logs[spec.key]
+        try:
+            while not self._closing:
+                wakeup.clear()
+                if last < log.dropped_upto:  # this watcher fell behind the bounded log
+                    await send("ERROR", ApiError(410, "Expired", f"too old resource version: {last}").body())
+                    return
+                pending = [event for event in log.events if event.rv > last]
+                for event in pending:
+                    last = event.rv
+                    kind = _translate(event, matches)
+                    if kind is not None:
+                        await send(kind, event.obj)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                transport = raw_request.transport
+                if transport is None or transport.is_closing():
+                    return
+                wait = 1.0 if remaining is None else min(1.0, remaining)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), wait)
+        finally:
+            self._wakeups.discard(wakeup)
+
+
+def _translate(event: WatchEvent, matches: Callable[[Mapping[str, Any]], bool]) -> str | None:
+    """What a selector-filtered watcher sees: leaving the selection is DELETED, entering it is ADDED."""
+    now = matches(event.obj)
+    if event.type != "MODIFIED":
+        return event.type if now else None
+    before = event.old is not None and matches(event.old)
+    if now and before:
+        return "MODIFIED"
+    if now:
+        return "ADDED"
+    if before:
+        return "DELETED"
+    return None
+
+
+def _parse_path(path: str) -> tuple[str, str, str, str | None, str | None, str | None] | None:
+    """``/api/v1/...`` or ``/apis/G/V/...`` → (group, version, plural, namespace, name, subresource).
+
+    Discovery paths (no plural) give None. Written here because kmock's parser cannot handle
+    ``/api/v1/namespaces`` (it raises) nor ``/api/v1/namespaces/NAME``.
+    """
+    parts = [part for part in path.split("/") if part]
+    if len(parts) >= 3 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+        namespace, rest = rest[1], rest[2:]
+    plural = rest[0]
+    name = rest[1] if len(rest) > 1 else None
+    subresource = "/".join(rest[2:]) or None
+    return group, version, plural, namespace, name, subresource
+
+
+def _verb(method: str, parsed: tuple[Any, ...] | None, params: Mapping[str, str]) -> str:
+    if parsed is None:
+        return method.lower()
+    named = parsed[4] is not None
+    if method == "GET":
+        if params.get("watch") in _WATCH_TRUE:
+            return "watch"
+        return "get" if named else "list"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "update"
+    if method == "PATCH":
+        return "patch"
+    if method == "DELETE":
+        return "delete" if named else "deletecollection"
+    return method.lower()
+
+
+class EmulatorServer:
+    """Runs a ``KubeEmulator`` on 127.0.0.1 in its own thread and event loop, for synchronous callers.
+
+    ``with EmulatorServer() as srv: api = srv.api_client()`` — the operator's real client then talks
+    HTTP to ``srv.url``. ``srv.call(fn)`` runs ``fn(emulator)`` on the server loop (the only safe place
+    to touch the emulator's state) and returns its result.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        clock: Callable[[], datetime.datetime] = _utc_now,
+        resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
+        event_log_size: int = 1000,
+    ) -> None:
+        self._port = port
+        self._host = host
+        self._clock = clock
+        self._resources = tuple(resources)
+        self._event_log_size = event_log_size
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._emulator: KubeEmulator | None = None
+        self._url: str | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("the emulator server is not running")
+        return self._url
+
+    @property
+    def emulator(self) -> KubeEmulator:
+        if self._emulator is None:
+            raise RuntimeError("the emulator server is not running")
+        return self._emulator
+
+    def start(self) -> EmulatorServer:
+        self._thread = threading.Thread(target=self._run, name="kube-emulator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError("the emulator server did not start in 15 s")
+        if self._error is not None:
+            raise RuntimeError("the emulator server failed to start") from self._error
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._main())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        emulator = KubeEmulator(resources=self._resources, clock=self._clock, event_log_size=self._event_log_size)
+        async with emulator, kmock.Server(emulator, host=self._host, port=self._port or None) as server:
+            self._emulator = emulator
+            self._url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+            emulator.shutdown_watches()
+            await asyncio.sleep(0.05)
+
+    def call(self, fn: Callable[[KubeEmulator], T], timeout: float = 10.0) -> T:
+        """Run ``fn(emulator)`` on the server loop and return its result (exceptions propagate)."""
+
+        async def run() -> T:
+            return fn(self.emulator)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def configuration(self) -> k8s_client.Configuration:
+        config = k8s_client.Configuration()
+        config.host = self.url
+        return config
+
+    def api_client(self) -> k8s_client.ApiClient:
+        """A new ``kubernetes.client.ApiClient`` pointed at this server (close it, or use ``with``)."""
+        return k8s_client.ApiClient(self.configuration())
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+        self._thread = None
+        self._loop.close()
+
+    def __enter__(self) -> EmulatorServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m homelab_autoscaler.sim.emulator --port 8001``: serve until Ctrl-C or SIGTERM."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with EmulatorServer(port=args.port, host=args.host) as srv:
+        print(f"Kubernetes API emulator serving on {srv.url}", flush=True)
+        print(f"  kubectl --server {srv.url} get nodeclaims -A", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while not done.wait(0.5):
+                pass
+
+
+if __name__ == "__main__":
+    main()
