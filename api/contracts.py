@@ -1,0 +1,298 @@
+"""What travels between workflows, activities, watchers and the provider: ids, names and small records.
+
+These records land in workflow histories, so they carry names and observed facts only: never a pod spec, a
+command line or a Secret reference. Activities read those from the resources themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+TASK_QUEUE = "homelab-autoscaler"
+
+# Custom search attributes (registered on the server before any worker starts).
+SA_GROUP = "HomelabGroup"
+SA_SLOT = "HomelabSlot"
+SA_PHASE = "ClaimPhase"
+SA_REASON = "ClaimReason"
+SA_ATTEMPT = "ClaimAttempt"
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    SA_GROUP: "Keyword",
+    SA_SLOT: "Keyword",
+    SA_PHASE: "Keyword",
+    SA_REASON: "Keyword",
+    SA_ATTEMPT: "Int",
+}
+
+
+def group_workflow_id(namespace: str, group: str) -> str:
+    return f"group/{namespace}/{group}"
+
+
+def claim_workflow_id(namespace: str, claim: str) -> str:
+    return f"nodeclaim/{namespace}/{claim}"
+
+
+def release_workflow_id(namespace: str, slot: str) -> str:
+    return f"release/{namespace}/{slot}"
+
+
+def job_name(owner: str, job_type: str, sequence: int) -> str:
+    """Deterministic Job names: a retried activity finds its Job instead of making a second one."""
+    base = f"{owner}-{job_type}"
+    return base if sequence <= 1 else f"{base}-{sequence}"
+
+
+# --- observations -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Observation:
+    """What the cluster shows about one slot's machine at `observed_at` (the observer's clock).
+
+    `gate_open` is the readiness gate's question (Ready and free of the group's readiness taints, whether or
+    not cordoned); `usable` is the law's predicate (the same, and not cordoned).
+    """
+
+    power: str = "off"
+    usable: bool = False
+    exists: bool = False
+    gate_open: bool = False
+    observed_at: datetime | None = None
+    resource_version: str = ""
+
+    def same_facts(self, other: Observation | None) -> bool:
+        """Equal in everything a decision reads (the stamp aside): the watchers' debounce uses this."""
+        return other is not None and (self.power, self.usable, self.exists, self.gate_open) == (
+            other.power,
+            other.usable,
+            other.exists,
+            other.gate_open,
+        )
+
+
+@dataclass(frozen=True)
+class SlotObservation:
+    slot: str
+    observation: Observation
+
+
+# --- claim records ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    namespace: str
+    slot: str
+
+
+@dataclass(frozen=True)
+class ClaimSeed:
+    """Everything a NodeClaimWorkflow starts from; the group decides all of it before the child starts."""
+
+    namespace: str
+    name: str
+    slot: str
+    group: str
+    call: str
+    attempt: int
+    requested_at: datetime
+    deadline_at: datetime | None
+    max_provision_seconds: float
+    ttl_seconds: int
+    phase: str = "pending"
+    reason: str = ""
+    create_resource: bool = True
+
+
+@dataclass(frozen=True)
+class ClaimDigest:
+    """The outcome of one claim as its group and the slot report keep it (also Node.status.lastClaim)."""
+
+    name: str
+    slot: str
+    group: str
+    phase: str
+    attempt: int
+    call: str
+    reason: str = ""
+    marked: bool = False
+    requested_at: datetime | None = None
+    deadline_at: datetime | None = None
+    finished_at: datetime | None = None
+    machine_off: bool = False
+    workflow_done: bool = False
+
+
+@dataclass(frozen=True)
+class MarkRequest:
+    """Why a live claim is asked to end: the reason its completion will carry."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    job: str
+    succeeded: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StatusWrite:
+    """A projection of claim state onto the resource, then one Event once the write landed."""
+
+    namespace: str
+    name: str
+    status: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Any] | None = None
+    event_reason: str = ""
+    event_message: str = ""
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class SlotEvent:
+    """An Event on a slot (the machine), for what has no claim move of its own."""
+
+    namespace: str
+    slot: str
+    reason: str
+    message: str
+    warning: bool = False
+
+
+# --- jobs -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobRequest:
+    """Create a lifecycle Job for a slot; `claim` empty means a law-3 release, owned by the slot alone."""
+
+    namespace: str
+    slot: str
+    job_type: str
+    sequence: int = 1
+    claim: str = ""
+    name: str = ""  # the Job's name when the caller chose it (a release names its episode); else job_name()
+
+
+@dataclass(frozen=True)
+class JobRef:
+    namespace: str
+    name: str
+
+
+JOB_RUNNING = "running"
+JOB_SUCCEEDED = "succeeded"
+JOB_FAILED = "failed"
+JOB_MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    name: str
+    state: str
+    reason: str = ""
+
+
+# --- group view -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupRef:
+    namespace: str
+    group: str
+
+
+@dataclass(frozen=True)
+class SlotView:
+    name: str
+    node_name: str
+    observation: Observation
+    activations_last_24h: int = 0
+    provider_id: str = ""
+    last_claim: ClaimDigest | None = None  # from Node.status.lastClaim: a slot that has had a claim is not adopted
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """A claim resource as the group finds it when it (re)loads: to adopt hand-applied claims."""
+
+    name: str
+    slot: str
+    phase: str
+    attempt: int
+    call: str
+    marked: bool
+    requested_at: datetime | None = None
+    deadline_at: datetime | None = None
+    finished_at: datetime | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A group as read from Kubernetes: its bounds, its slots, and the claims that exist for them."""
+
+    namespace: str
+    name: str
+    exists: bool
+    min_size: int = 0
+    max_size: int = 0
+    max_provision_seconds: float = 0.0
+    slots: tuple[SlotView, ...] = ()
+    claims: tuple[ClaimView, ...] = ()
+    template: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseSeed:
+    """Law 3: a machine on with no claim in a slot that has had one; power it off."""
+
+    namespace: str
+    slot: str
+    group: str
+
+
+@dataclass(frozen=True)
+class SlotReleased:
+    slot: str
+    machine_off: bool
+
+
+# Error types of the group's Updates (ApplicationError.type); the provider maps them to gRPC codes.
+ERR_INVALID_ARGUMENT = "InvalidArgument"
+ERR_FAILED_PRECONDITION = "FailedPrecondition"
+ERR_NOT_FOUND = "NotFound"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One node of a group as cluster-autoscaler sees it."""
+
+    id: str
+    slot: str
+    claim: str
+    state: str  # creating | running | deleting
+    error_code: str = ""
+    error_class: int = 0
+    error_message: str = ""
+
+
+class Act:
+    """Activity names: workflows call activities by name, so no Kubernetes code is imported into a workflow."""
+
+    CREATE_CLAIM = "create_claim"
+    RECORD_CLAIM = "record_claim"
+    ADD_FINALIZER = "add_claim_finalizer"
+    RELEASE_CLAIM = "release_claim"
+    DELETE_CLAIM = "delete_claim"
+    CREATE_JOB = "create_job"
+    READ_JOB = "read_job"
+    OBSERVE_SLOT = "observe_slot"
+    CORDON = "cordon_slot"
+    UNCORDON = "uncordon_slot"
+    OPEN_GATE = "open_gate"
+    SLOT_EVENT = "slot_event"
+    LOAD_GROUP = "load_group"

@@ -1,0 +1,71 @@
+"""Connecting to Temporal and building the worker: one data converter, one task queue, search attributes checked."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from api.contracts import SEARCH_ATTRIBUTES, TASK_QUEUE
+from workflows.registry import WORKFLOWS
+
+log = logging.getLogger(__name__)
+
+DATA_CONVERTER = pydantic_data_converter
+_INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+
+
+def search_attribute_flags() -> list[str]:
+    """`temporal server start-dev` flags that register the operator's search attributes at start."""
+    flags: list[str] = []
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        flags += ["--search-attribute", f"{name}={kind}"]
+    return flags
+
+
+async def missing_search_attributes(client: Client, namespace: str) -> list[str]:
+    resp = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+    have = set(resp.custom_attributes)
+    return [name for name in SEARCH_ATTRIBUTES if name not in have]
+
+
+async def register_search_attributes(client: Client, namespace: str, *, check_first: bool = True) -> None:
+    """Add the operator's search attributes; existing ones are kept (the test server cannot list them)."""
+    missing = await missing_search_attributes(client, namespace) if check_first else list(SEARCH_ATTRIBUTES)
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace, search_attributes={n: _INDEXED[SEARCH_ATTRIBUTES[n]] for n in missing}
+            )
+        )
+
+
+def sandbox_runner() -> SandboxedWorkflowRunner:
+    """The sandbox stays on; `api` is pure data and passes through so it is not re-imported per run."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("api"))
+
+
+def build_worker(
+    client: Client,
+    activities: Sequence[Any],
+    *,
+    task_queue: str = TASK_QUEUE,
+    max_activity_threads: int = 16,
+) -> Worker:
+    """One worker for every workflow and activity; activities are synchronous (the kubernetes client is)."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=list(activities),
+        activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=max_activity_threads),
+        workflow_runner=sandbox_runner(),
+    )

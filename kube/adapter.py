@@ -1,0 +1,581 @@
+"""Exactly the Kubernetes calls the operator makes, over the official client, with typed results and errors.
+
+Every call has a timeout. Creates use deterministic names and return the existing object on AlreadyExists, so a
+retried activity never makes a second one. Writes are merge patches of owned fields; the few list fields that
+need a read first (taints, finalizers) are written as compare-and-set on the resourceVersion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from api import names
+from api.v2alpha1 import Group, Node, NodeClaim
+from kube.errors import Conflict, Invalid, KubeError, NotFound, Transient, from_api_exception
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+DEFAULT_TIMEOUT = 10.0
+CAS_ATTEMPTS = 5
+
+M = TypeVar("M", Group, Node, NodeClaim)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource type the operator touches: enough to build its URL and parse its objects."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def custom(self) -> bool:
+        return self.group == names.GROUP
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+GROUPS = Resource(names.GROUP, names.VERSION, names.PLURAL_GROUPS, names.KIND_GROUP, True)
+SLOTS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODES, names.KIND_NODE, True)
+CLAIMS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODECLAIMS, names.KIND_NODECLAIM, True)
+KUBELET_NODES = Resource("", "v1", "nodes", "Node", False)
+JOBS = Resource("batch", "v1", "jobs", "Job", True)
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about: the regarding object of the Event."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+    api_version: str = names.API_VERSION
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(when: datetime) -> str:
+    """Kubernetes timestamps: UTC, second precision, a literal Z."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _body(resp: Any) -> Any:
+    """The JSON document of a response read with `_preload_content=False`."""
+    data = resp.data if hasattr(resp, "data") else resp.read()
+    if not data:
+        return None
+    return json.loads(data)
+
+
+def _taint_key(t: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(t.get("key", "")), str(t.get("effect", "")))
+
+
+def _parse(model: type[M], obj: JSON) -> M:
+    """Validate an API object into its model; an object our schema refuses is a typed `Invalid`, naming it.
+
+    A caller deciding on retries must not meet a bare pydantic error: retrying cannot fix a stored object.
+    """
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        meta = obj.get("metadata") or {}
+        where = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(part) for part in first.get("loc", ()))
+        raise Invalid(f"{model.__name__} {where} does not fit the v2alpha1 schema at {loc}: {first.get('msg', exc)}") from exc
+
+
+class Kube:
+    """The adapter: one instance per process, safe to share between threads (the client pools connections)."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
+
+    # --- construction ----------------------------------------------------------------------------------
+    @classmethod
+    def connect(
+        cls,
+        *,
+        server: str | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> Kube:
+        """A server URL (emulator, tests), else in-cluster service account when present, else a kubeconfig."""
+        configuration = k8s.Configuration()
+        if server:
+            configuration.host = server.rstrip("/")
+        elif kubeconfig is None and k8s_config.incluster_config.SERVICE_HOST_ENV_NAME in os.environ:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration), timeout=timeout)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    # --- plumbing --------------------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one client call with the adapter's timeout; return its JSON body; raise a typed error."""
+        kwargs.setdefault("_request_timeout", self.timeout)
+        kwargs["_preload_content"] = False
+        try:
+            return _body(fn(*args, **kwargs))
+        except ApiException as exc:
+            raise from_api_exception(exc, what) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    def _get(self, res: Resource, namespace: str | None, name: str) -> JSON:
+        what = f"get {res.kind} {namespace}/{name}" if namespace else f"get {res.kind} {name}"
+        if res.custom:
+            return self._call(  # type: ignore[no-any-return]
+                what,
+                self.custom.get_namespaced_custom_object,
+                res.group,
+                res.version,
+                namespace,
+                res.plural,
+                name,
+            )
+        if res is KUBELET_NODES:
+            return self._call(what, self.core.read_node, name)  # type: ignore[no-any-return]
+        if res is JOBS:
+            return self._call(what, self.batch.read_namespaced_job, name, namespace)  # type: ignore[no-any-return]
+        raise KubeError(f"{what}: resource not handled by the adapter")
+
+    def list_raw(
+        self, res: Resource, namespace: str | None = None, selector: str | None = None
+    ) -> tuple[list[JSON], str]:
+        """Objects of a resource (all namespaces when namespace is None) and the list's resourceVersion."""
+        what = f"list {res.plural}" + (f" in {namespace}" if namespace else "")
+        kw: dict[str, Any] = {}
+        if selector:
+            kw["label_selector"] = selector
+        if res.custom:
+            if namespace:
+                doc = self._call(
+                    what,
+                    self.custom.list_namespaced_custom_object,
+                    res.group,
+                    res.version,
+                    namespace,
+                    res.plural,
+                    **kw,
+                )
+            else:
+                doc = self._call(what, self.custom.list_cluster_custom_object, res.group, res.version, res.plural, **kw)
+        elif res is KUBELET_NODES:
+            doc = self._call(what, self.core.list_node, **kw)
+        elif res is JOBS:
+            if namespace:
+                doc = self._call(what, self.batch.list_namespaced_job, namespace, **kw)
+            else:
+                doc = self._call(what, self.batch.list_job_for_all_namespaces, **kw)
+        else:
+            raise KubeError(f"{what}: resource not handled by the adapter")
+        items = list(doc.get("items") or [])
+        for item in items:  # list items carry no kind; fill it so they parse like a get
+            item.setdefault("kind", res.kind)
+            item.setdefault("apiVersion", res.api_version)
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    def open_watch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        selector: str | None,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> Any:
+        """A raw watch stream (an urllib3 response); `kube.watch.Watch` reads it."""
+        what = f"watch {res.plural}"
+        kw: dict[str, Any] = {
+            "watch": True,
+            "resource_version": resource_version or None,
+            "timeout_seconds": timeout_seconds,
+            "allow_watch_bookmarks": True,
+            "_request_timeout": (self.timeout, timeout_seconds + self.timeout),
+            "_preload_content": False,
+        }
+        if selector:
+            kw["label_selector"] = selector
+        try:
+            if res.custom:
+                if namespace:
+                    return self.custom.list_namespaced_custom_object(
+                        res.group, res.version, namespace, res.plural, **kw
+                    )
+                return self.custom.list_cluster_custom_object(res.group, res.version, res.plural, **kw)
+            if res is KUBELET_NODES:
+                return self.core.list_node(**kw)
+            if res is JOBS:
+                if namespace:
+                    return self.batch.list_namespaced_job(namespace, **kw)
+                return self.batch.list_job_for_all_namespaces(**kw)
+        except ApiException as exc:
+            raise from_api_exception(exc, what) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raise KubeError(f"{what}: resource not handled by the adapter")
+
+    def _patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        status: bool = False,
+        content_type: str = MERGE_PATCH,
+    ) -> JSON:
+        sub = "/status" if status else ""
+        what = f"patch {res.kind}{sub} {namespace + '/' if namespace else ''}{name}"
+        kw: dict[str, Any] = {"_content_type": content_type}
+        if res.custom:
+            fn = (
+                self.custom.patch_namespaced_custom_object_status
+                if status
+                else self.custom.patch_namespaced_custom_object
+            )
+            return self._call(  # type: ignore[no-any-return]
+                what, fn, res.group, res.version, namespace, res.plural, name, body, **kw
+            )
+        if res is KUBELET_NODES:
+            fn = self.core.patch_node_status if status else self.core.patch_node
+            return self._call(what, fn, name, body, **kw)  # type: ignore[no-any-return]
+        if res is JOBS:
+            fn = self.batch.patch_namespaced_job_status if status else self.batch.patch_namespaced_job
+            return self._call(what, fn, name, namespace, body, **kw)  # type: ignore[no-any-return]
+        raise KubeError(f"{what}: resource not handled by the adapter")
+
+    def _cas(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[JSON], JSON | None],
+    ) -> JSON:
+        """Compare-and-set: read, compute a merge patch from the object, write it guarded by the resourceVersion.
+
+        `change` returns None when the object already holds what is wanted (then nothing is written).
+        """
+        for _ in range(CAS_ATTEMPTS):
+            obj = self._get(res, namespace, name)
+            patch = change(obj)
+            if patch is None:
+                return obj
+            patch.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
+            try:
+                return self._patch(res, namespace, name, patch)
+            except Conflict:
+                continue
+        raise Conflict(f"{res.kind} {name}: still conflicting after {CAS_ATTEMPTS} compare-and-set attempts")
+
+    # --- the three resources ---------------------------------------------------------------------------
+    def get_raw(self, res: Resource, namespace: str | None, name: str) -> JSON:
+        """One object as the API returns it (camelCase JSON): for readers that must survive a malformed field."""
+        return self._get(res, namespace, name)
+
+    def get_group(self, namespace: str, name: str) -> Group:
+        return _parse(Group, self._get(GROUPS, namespace, name))
+
+    def list_groups(self, namespace: str | None = None, selector: str | None = None) -> list[Group]:
+        return [_parse(Group, o) for o in self.list_raw(GROUPS, namespace, selector)[0]]
+
+    def get_slot(self, namespace: str, name: str) -> Node:
+        return _parse(Node, self._get(SLOTS, namespace, name))
+
+    def list_slots(self, namespace: str | None = None, selector: str | None = None) -> list[Node]:
+        return [_parse(Node, o) for o in self.list_raw(SLOTS, namespace, selector)[0]]
+
+    def get_claim(self, namespace: str, name: str) -> NodeClaim:
+        return _parse(NodeClaim, self._get(CLAIMS, namespace, name))
+
+    def find_claim(self, namespace: str, name: str) -> NodeClaim | None:
+        try:
+            return self.get_claim(namespace, name)
+        except NotFound:
+            return None
+
+    def list_claims(self, namespace: str | None = None, selector: str | None = None) -> list[NodeClaim]:
+        return [_parse(NodeClaim, o) for o in self.list_raw(CLAIMS, namespace, selector)[0]]
+
+    def create_claim(self, claim: NodeClaim) -> NodeClaim:
+        """Create a claim under its deterministic name; a retry gets the claim that is already there."""
+        ns, name = claim.metadata.namespace, claim.metadata.name
+        if not ns or not name:
+            raise KubeError("create NodeClaim: metadata.namespace and metadata.name are required")
+        body = claim.model_dump(by_alias=True, exclude_none=True, mode="json")
+        body.pop("status", None)
+        try:
+            created = self._call(
+                f"create NodeClaim {ns}/{name}",
+                self.custom.create_namespaced_custom_object,
+                names.GROUP,
+                names.VERSION,
+                ns,
+                names.PLURAL_NODECLAIMS,
+                body,
+            )
+        except KubeError as exc:
+            if exc.status == 409 and exc.reason == "AlreadyExists":
+                return self.get_claim(ns, name)
+            raise
+        return _parse(NodeClaim, created)
+
+    def delete_claim(self, namespace: str, name: str) -> bool:
+        """Delete a claim (its finalizer, if any, holds it until released); False when it was already gone."""
+        try:
+            self._call(
+                f"delete NodeClaim {namespace}/{name}",
+                self.custom.delete_namespaced_custom_object,
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.PLURAL_NODECLAIMS,
+                name,
+                propagation_policy="Background",
+            )
+        except NotFound:
+            return False
+        return True
+
+    def patch_claim(self, namespace: str, name: str, patch: Mapping[str, Any]) -> NodeClaim:
+        """Merge-patch the claim's main resource (spec, metadata); `None` values delete fields (RFC 7386)."""
+        return _parse(NodeClaim, self._patch(CLAIMS, namespace, name, dict(patch)))
+
+    def patch_claim_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> NodeClaim:
+        return _parse(NodeClaim, self._patch(CLAIMS, namespace, name, {"status": dict(status)}, status=True))
+
+    def patch_slot_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Node:
+        return _parse(Node, self._patch(SLOTS, namespace, name, {"status": dict(status)}, status=True))
+
+    def patch_group_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Group:
+        return _parse(Group, self._patch(GROUPS, namespace, name, {"status": dict(status)}, status=True))
+
+    def add_claim_finalizer(self, namespace: str, name: str, finalizer: str = names.FINALIZER_CLAIM) -> None:
+        """Idempotent: a claim that already carries the finalizer is not written."""
+
+        def change(obj: JSON) -> JSON | None:
+            meta = obj.get("metadata") or {}
+            current = list(meta.get("finalizers") or [])
+            if finalizer in current:
+                return None
+            if meta.get("deletionTimestamp"):
+                raise KubeError(f"NodeClaim {namespace}/{name} is being deleted; no finalizer can be added")
+            return {"metadata": {"finalizers": [*current, finalizer]}}
+
+        self._cas(CLAIMS, namespace, name, change)
+
+    def remove_claim_finalizer(self, namespace: str, name: str, finalizer: str = names.FINALIZER_CLAIM) -> None:
+        """Idempotent: a claim without the finalizer, or already gone, is left alone."""
+
+        def change(obj: JSON) -> JSON | None:
+            current = list((obj.get("metadata") or {}).get("finalizers") or [])
+            if finalizer not in current:
+                return None
+            return {"metadata": {"finalizers": [f for f in current if f != finalizer]}}
+
+        try:
+            self._cas(CLAIMS, namespace, name, change)
+        except NotFound:
+            return
+
+    # --- kubelet Nodes ---------------------------------------------------------------------------------
+    def get_node(self, name: str) -> JSON | None:
+        """The kubelet's Node as the API returns it (camelCase), or None when it does not exist."""
+        try:
+            return self._get(KUBELET_NODES, None, name)
+        except NotFound:
+            return None
+
+    def list_nodes(self, selector: str | None = None) -> list[JSON]:
+        return self.list_raw(KUBELET_NODES, None, selector)[0]
+
+    def cordon(self, name: str) -> JSON:
+        return self._patch(KUBELET_NODES, None, name, {"spec": {"unschedulable": True}})
+
+    def uncordon(self, name: str) -> JSON:
+        return self._patch(KUBELET_NODES, None, name, {"spec": {"unschedulable": None}})
+
+    def stamp_taints(self, name: str, taints: Iterable[Mapping[str, Any]]) -> JSON:
+        """Add taints (matched by key and effect); the ones already there are kept as they are."""
+        wanted = [dict(t) for t in taints]
+
+        def change(obj: JSON) -> JSON | None:
+            current = list((obj.get("spec") or {}).get("taints") or [])
+            have = {_taint_key(t) for t in current}
+            missing = [t for t in wanted if _taint_key(t) not in have]
+            if not missing:
+                return None
+            return {"spec": {"taints": current + missing}}
+
+        return self._cas(KUBELET_NODES, None, name, change)
+
+    def remove_taints(self, name: str, taints: Iterable[Mapping[str, Any]]) -> JSON:
+        """Remove taints by key and effect (a taint given without an effect matches every effect of its key)."""
+        drop = [(str(t.get("key", "")), t.get("effect")) for t in taints]
+
+        def matches(t: Mapping[str, Any]) -> bool:
+            return any(t.get("key") == k and (e is None or t.get("effect") == e) for k, e in drop)
+
+        def change(obj: JSON) -> JSON | None:
+            current = list((obj.get("spec") or {}).get("taints") or [])
+            kept = [t for t in current if not matches(t)]
+            if len(kept) == len(current):
+                return None
+            return {"spec": {"taints": kept or None}}
+
+        return self._cas(KUBELET_NODES, None, name, change)
+
+    def stamp_slot_identity(self, name: str, *, group: str, slot: str, provider_id: str) -> JSON:
+        """Label the kubelet Node with its group and slot; set providerID only where it is empty (it is immutable)."""
+
+        def change(obj: JSON) -> JSON | None:
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            patch: JSON = {}
+            if labels.get(names.LABEL_GROUP) != group or labels.get(names.LABEL_NODE) != slot:
+                patch["metadata"] = {"labels": {names.LABEL_GROUP: group, names.LABEL_NODE: slot}}
+            if not (obj.get("spec") or {}).get("providerID"):
+                patch["spec"] = {"providerID": provider_id}
+            return patch or None
+
+        return self._cas(KUBELET_NODES, None, name, change)
+
+    def delete_node(self, name: str) -> bool:
+        """Delete a kubelet Node object; False when it was already gone."""
+        try:
+            self._call(f"delete Node {name}", self.core.delete_node, name)
+        except NotFound:
+            return False
+        return True
+
+    # --- Jobs ------------------------------------------------------------------------------------------
+    def create_job(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        """Create a Job under its deterministic name; a retry gets the Job that is already there."""
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if not name:
+            raise KubeError("create Job: metadata.name is required (lifecycle Jobs have deterministic names)")
+        try:
+            return self._call(  # type: ignore[no-any-return]
+                f"create Job {namespace}/{name}", self.batch.create_namespaced_job, namespace, dict(body)
+            )
+        except KubeError as exc:
+            if exc.status == 409 and exc.reason == "AlreadyExists":
+                return self._get(JOBS, namespace, name)
+            raise
+
+    def get_job(self, namespace: str, name: str) -> JSON | None:
+        try:
+            return self._get(JOBS, namespace, name)
+        except NotFound:
+            return None
+
+    def list_jobs(self, namespace: str | None = None, selector: str | None = None) -> list[JSON]:
+        return self.list_raw(JOBS, namespace, selector)[0]
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and its Pods (background propagation); False when it was already gone."""
+        try:
+            self._call(
+                f"delete Job {namespace}/{name}",
+                self.batch.delete_namespaced_job,
+                name,
+                namespace,
+                propagation_policy="Background",
+            )
+        except NotFound:
+            return False
+        return True
+
+    # --- Events ----------------------------------------------------------------------------------------
+    def create_event(
+        self,
+        regarding: ObjectRef,
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+        now: datetime | None = None,
+    ) -> JSON:
+        """Record an Event; a repeat of the same (object, reason, message) bumps the count of the one Event."""
+        when = rfc3339(now or _now())
+        digest = hashlib.sha256(f"{regarding.kind}|{regarding.uid}|{reason}|{message}".encode()).hexdigest()[:10]
+        name = f"{regarding.name}.{digest}"
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": regarding.namespace},
+            "involvedObject": {
+                "apiVersion": regarding.api_version,
+                "kind": regarding.kind,
+                "name": regarding.name,
+                "namespace": regarding.namespace,
+                **({"uid": regarding.uid} if regarding.uid else {}),
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "count": 1,
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "source": {"component": names.MANAGED_BY},
+            "reportingComponent": names.MANAGED_BY,
+        }
+        what = f"create Event {regarding.namespace}/{name}"
+        try:
+            return self._call(  # type: ignore[no-any-return]
+                what, self.core.create_namespaced_event, regarding.namespace, body
+            )
+        except KubeError as exc:
+            if not (exc.status == 409 and exc.reason == "AlreadyExists"):
+                raise
+        # A repeat: bump the count guarded by the resourceVersion, so two writers never lose an increment.
+        for _ in range(CAS_ATTEMPTS):
+            existing = self._call(what, self.core.read_namespaced_event, name, regarding.namespace)
+            patch = {
+                "metadata": {"resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")},
+                "count": int(existing.get("count") or 1) + 1,
+                "lastTimestamp": when,
+            }
+            try:
+                return self._call(  # type: ignore[no-any-return]
+                    what,
+                    self.core.patch_namespaced_event,
+                    name,
+                    regarding.namespace,
+                    patch,
+                    _content_type=MERGE_PATCH,
+                )
+            except Conflict:
+                continue
+        raise Conflict(f"{what}: still conflicting after {CAS_ATTEMPTS} attempts to bump the count")
