@@ -61,6 +61,10 @@ class Observation:
     observed_at: datetime | None = None
     resource_version: str = ""
 
+    def older_than(self, held: Observation) -> bool:
+        """True when both are stamped and this one was made before `held`: a stale signal delivered late."""
+        return self.observed_at is not None and held.observed_at is not None and self.observed_at < held.observed_at
+
     def same_facts(self, other: Observation | None) -> bool:
         """Equal in everything a decision reads (the stamp aside): the watchers' debounce uses this."""
         return other is not None and (self.power, self.usable, self.exists, self.gate_open) == (

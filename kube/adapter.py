@@ -104,9 +104,11 @@ def _parse(model: type[M], obj: JSON) -> M:
     except ValidationError as exc:
         meta = obj.get("metadata") or {}
         where = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
-        first = exc.errors()[0] if exc.errors() else {}
+        errors = exc.errors()
+        first: Mapping[str, Any] = errors[0] if errors else {}
         loc = ".".join(str(part) for part in first.get("loc", ()))
-        raise Invalid(f"{model.__name__} {where} does not fit the v2alpha1 schema at {loc}: {first.get('msg', exc)}") from exc
+        message = f"{model.__name__} {where} does not fit the v2alpha1 schema at {loc}: {first.get('msg', exc)}"
+        raise Invalid(message) from exc
 
 
 class Kube:
@@ -157,7 +159,7 @@ class Kube:
     def _get(self, res: Resource, namespace: str | None, name: str) -> JSON:
         what = f"get {res.kind} {namespace}/{name}" if namespace else f"get {res.kind} {name}"
         if res.custom:
-            return self._call(  # type: ignore[no-any-return]
+            return self._call(
                 what,
                 self.custom.get_namespaced_custom_object,
                 res.group,
@@ -167,9 +169,9 @@ class Kube:
                 name,
             )
         if res is KUBELET_NODES:
-            return self._call(what, self.core.read_node, name)  # type: ignore[no-any-return]
+            return self._call(what, self.core.read_node, name)
         if res is JOBS:
-            return self._call(what, self.batch.read_namespaced_job, name, namespace)  # type: ignore[no-any-return]
+            return self._call(what, self.batch.read_namespaced_job, name, namespace)
         raise KubeError(f"{what}: resource not handled by the adapter")
 
     def list_raw(
@@ -260,21 +262,20 @@ class Kube:
         sub = "/status" if status else ""
         what = f"patch {res.kind}{sub} {namespace + '/' if namespace else ''}{name}"
         kw: dict[str, Any] = {"_content_type": content_type}
+        fn: Callable[..., Any]
         if res.custom:
             fn = (
                 self.custom.patch_namespaced_custom_object_status
                 if status
                 else self.custom.patch_namespaced_custom_object
             )
-            return self._call(  # type: ignore[no-any-return]
-                what, fn, res.group, res.version, namespace, res.plural, name, body, **kw
-            )
+            return self._call(what, fn, res.group, res.version, namespace, res.plural, name, body, **kw)
         if res is KUBELET_NODES:
             fn = self.core.patch_node_status if status else self.core.patch_node
-            return self._call(what, fn, name, body, **kw)  # type: ignore[no-any-return]
+            return self._call(what, fn, name, body, **kw)
         if res is JOBS:
             fn = self.batch.patch_namespaced_job_status if status else self.batch.patch_namespaced_job
-            return self._call(what, fn, name, namespace, body, **kw)  # type: ignore[no-any-return]
+            return self._call(what, fn, name, namespace, body, **kw)
         raise KubeError(f"{what}: resource not handled by the adapter")
 
     def _cas(
@@ -301,6 +302,12 @@ class Kube:
         raise Conflict(f"{res.kind} {name}: still conflicting after {CAS_ATTEMPTS} compare-and-set attempts")
 
     # --- the three resources ---------------------------------------------------------------------------
+    def patch_raw(
+        self, res: Resource, namespace: str | None, name: str, patch: Mapping[str, Any], *, status: bool = False
+    ) -> JSON:
+        """Merge-patch one object (its `/status` when `status`); the result as the API returns it."""
+        return self._patch(res, namespace, name, dict(patch), status=status)
+
     def get_raw(self, res: Resource, namespace: str | None, name: str) -> JSON:
         """One object as the API returns it (camelCase JSON): for readers that must survive a malformed field."""
         return self._get(res, namespace, name)
@@ -391,7 +398,8 @@ class Kube:
             if finalizer in current:
                 return None
             if meta.get("deletionTimestamp"):
-                raise KubeError(f"NodeClaim {namespace}/{name} is being deleted; no finalizer can be added")
+                # What the API server answers too (422): retrying cannot add a finalizer to a terminating object.
+                raise Invalid(f"NodeClaim {namespace}/{name} is being deleted; no finalizer can be added", status=422)
             return {"metadata": {"finalizers": [*current, finalizer]}}
 
         self._cas(CLAIMS, namespace, name, change)
@@ -486,9 +494,7 @@ class Kube:
         if not name:
             raise KubeError("create Job: metadata.name is required (lifecycle Jobs have deterministic names)")
         try:
-            return self._call(  # type: ignore[no-any-return]
-                f"create Job {namespace}/{name}", self.batch.create_namespaced_job, namespace, dict(body)
-            )
+            return self._call(f"create Job {namespace}/{name}", self.batch.create_namespaced_job, namespace, dict(body))
         except KubeError as exc:
             if exc.status == 409 and exc.reason == "AlreadyExists":
                 return self._get(JOBS, namespace, name)
@@ -526,11 +532,22 @@ class Kube:
         *,
         warning: bool = False,
         now: datetime | None = None,
+        occurrence: datetime | None = None,
     ) -> JSON:
-        """Record an Event; a repeat of the same (object, reason, message) bumps the count of the one Event."""
+        """Record an Event under a deterministic name; a repeat of the same name bumps the count of the one Event.
+
+        Without `occurrence`, repeats of (object, reason, message) are one Event. With it (a stable moment, such as
+        an activity's first scheduling), each occurrence is its own Event named `<object>.<hex nanoseconds>…` like
+        client-go names them, so `kubectl get events` lists an object's story in order; a retry of the same
+        occurrence finds its Event.
+        """
         when = rfc3339(now or _now())
         digest = hashlib.sha256(f"{regarding.kind}|{regarding.uid}|{reason}|{message}".encode()).hexdigest()[:10]
-        name = f"{regarding.name}.{digest}"
+        if occurrence is None:
+            name = f"{regarding.name}.{digest}"
+        else:
+            nanos = int(occurrence.timestamp()) * 1_000_000_000 + occurrence.microsecond * 1_000
+            name = f"{regarding.name}.{nanos:016x}.{digest[:6]}"
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -553,9 +570,7 @@ class Kube:
         }
         what = f"create Event {regarding.namespace}/{name}"
         try:
-            return self._call(  # type: ignore[no-any-return]
-                what, self.core.create_namespaced_event, regarding.namespace, body
-            )
+            return self._call(what, self.core.create_namespaced_event, regarding.namespace, body)
         except KubeError as exc:
             if not (exc.status == 409 and exc.reason == "AlreadyExists"):
                 raise
@@ -568,7 +583,7 @@ class Kube:
                 "lastTimestamp": when,
             }
             try:
-                return self._call(  # type: ignore[no-any-return]
+                return self._call(
                     what,
                     self.core.patch_namespaced_event,
                     name,

@@ -64,6 +64,9 @@ class Watch:
         self.stop.set()
         stream = self._stream
         if stream is not None:
+            # shutdown() unblocks a read in progress in the iterating thread; close() alone would wait for data.
+            with contextlib.suppress(Exception):
+                stream.shutdown()
             with contextlib.suppress(Exception):
                 stream.close()
 

@@ -71,7 +71,7 @@ class ReleaseWorkflow(Verbs):
 
     def take(self, observation: c.Observation) -> bool:
         held = self.observation
-        if held.observed_at and observation.observed_at and observation.observed_at < held.observed_at:
+        if observation.older_than(held):
             return False
         changed = not observation.same_facts(held)
         self.observation = observation

@@ -27,6 +27,7 @@ import contextlib
 import copy
 import datetime
 import json
+import logging
 import random
 import signal
 import threading
@@ -60,6 +61,7 @@ __all__ = [
     "EmulatorServer",
     "Fault",
     "KubeEmulator",
+    "Listener",
     "RequestInfo",
     "ResourceSpec",
     "WatchEvent",
@@ -67,6 +69,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Listener = Callable[[str, "ResourceSpec", dict[str, Any], dict[str, Any] | None], None]
+"""``listener(kind, spec, obj, old)``: told of every stored change (kind ADDED/MODIFIED/DELETED)."""
+_log = logging.getLogger(__name__)
 ObjKey = tuple[str | None, str]  # (namespace, name) within one resource
 Obj = dict[str, Any]
 
@@ -191,7 +196,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     All state changes happen synchronously on the server's event loop (no ``await`` in between), so
     requests are atomic without a lock. Direct helpers (``get_object``, ``put_object``,
     ``patch_object``, ``delete_object``, ``objects_of``) must be called on that loop too — from another
-    thread use ``EmulatorServer.call``.
+    thread use ``EmulatorServer.call``. ``listeners`` (``fn(kind, spec, obj, old)``) are called on that
+    loop after every stored change, which is how simulated controllers (``sim.homelab``) react to writes.
     """
 
     def __init__(
@@ -208,6 +214,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.store: dict[ResKey, dict[ObjKey, Obj]] = {}
         self.faults: list[Fault] = []
         self.requests: list[RequestInfo] = []
+        self.listeners: list[Listener] = []
         self.compacted_below: int = 0
         self._rv = 0
         self._logs: dict[ResKey, _Log] = {}
@@ -215,6 +222,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._orphan_on_removal: set[str] = set()
         self._wakeups: set[asyncio.Event] = set()
         self._closing = False
+        self._pending: deque[tuple[str, ResourceSpec, Obj, Obj | None]] = deque()
+        self._dispatching = False
         for spec in resources:
             self.declare(spec)
 
@@ -333,6 +342,32 @@ class KubeEmulator(kmock.KubernetesEmulator):
             log.dropped_upto = log.events[0].rv
         log.events.append(WatchEvent(int(_meta(obj)["resourceVersion"]), kind, copy.deepcopy(obj), old))
         self._wake()
+        if self.listeners:
+            self._pending.append((kind, spec, copy.deepcopy(obj), copy.deepcopy(old)))
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Tell ``listeners`` of stored changes, in commit order, each change to every listener.
+
+        Runs after the change is stored. A listener may write (``put_object`` …) re-entrantly: the change it
+        makes is stored and logged at once, but its notification is queued behind the one being delivered,
+        so every listener sees changes in resourceVersion order. The queue is drained before the outermost
+        write returns, i.e. before the HTTP response that caused it. A failing listener is logged, not raised:
+        the write it reacts to has already happened.
+        """
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            while self._pending:
+                kind, spec, obj, old = self._pending.popleft()
+                for listener in list(self.listeners):
+                    try:
+                        listener(kind, spec, copy.deepcopy(obj), copy.deepcopy(old))
+                    except Exception:
+                        _log.exception("emulator listener %r failed on %s %s", listener, kind, spec.plural)
+        finally:
+            self._dispatching = False
 
     def _require(self, spec: ResourceSpec, key: ObjKey) -> Obj:
         obj = self.store[spec.key].get(key)

@@ -14,7 +14,7 @@ async def collect(rt: ClaimRuntime) -> None:
     finished = s.finished_at or rt.now()
     end = finished + timedelta(seconds=s.seed.ttl_seconds)
     rt.details(f"{s.phase} ({s.reason or 'no reason'}); collected at {end:%Y-%m-%d %H:%M:%S}Z")
-    await rt.wait(lambda: s.resource_gone or s.marked, max(end - rt.now(), timedelta(0)), "TTL after finished")
+    await rt.wait(lambda: s.resource_gone or s.collect_now, max(end - rt.now(), timedelta(0)), "TTL after finished")
     if s.resource_gone:
         return
     await release_finalizer(rt)

@@ -21,6 +21,8 @@ async def reverse(rt: ClaimRuntime) -> None:
     _observed_off(rt)
     await rt.move(ClaimPhase.COMPLETED, s.mark_reason or ClaimReason.NODE_DELETED, "machine observed off")
     await release_finalizer(rt)
+    if s.mark_reason == ClaimReason.DELETED_BY_HAND:
+        s.resource_gone = True  # its deletion was waiting on this finalizer alone
 
 
 async def drain(rt: ClaimRuntime) -> None:
@@ -43,7 +45,6 @@ async def drain(rt: ClaimRuntime) -> None:
 def _observed_off(rt: ClaimRuntime) -> None:
     s = rt.s
     s.machine_off_verified = True
-    s.book.reset()
     s.set_condition(ConditionType.MACHINE_OBSERVED_OFF, True, "ShutdownVerified", "machine observed off", rt.now())
 
 

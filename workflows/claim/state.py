@@ -35,6 +35,7 @@ class ClaimState:
     abandoned: str = ""
     abandoned_message: str = ""
     resource_gone: bool = False
+    collect_now: bool = False
     observation: Observation = field(default_factory=Observation)
     observed_off_since: datetime | None = None
     machine_off_verified: bool = False
@@ -93,11 +94,7 @@ class ClaimState:
     def take(self, observation: Observation) -> bool:
         """Keep an observation unless it is older than the one held; True when a decision input changed."""
         held = self.observation
-        if (
-            held.observed_at is not None
-            and observation.observed_at is not None
-            and observation.observed_at < held.observed_at
-        ):
+        if observation.older_than(held):
             return False
         changed = not observation.same_facts(held)
         self.observation = observation

@@ -85,7 +85,14 @@ class NodeClaimWorkflow(ClaimRuntime):
 
     @workflow.signal
     def mark_for_deletion(self, request: c.MarkRequest) -> None:
-        """A scale-down or a deletion; the first reason wins (it is the one the completion carries)."""
+        """A scale-down or a deletion; the first reason wins (it is the one the completion carries).
+
+        On a claim that already ended, a deletion (kubectl delete, the slot's garbage collection) means: collect
+        now, do not wait for the TTL.
+        """
+        if self.s.terminal:
+            self.s.collect_now = True
+            return
         if not self.s.marked:
             self.s.marked = True
             self.s.mark_reason = request.reason

@@ -5,7 +5,7 @@ The group is the single authority on its size: target size is a count over `clai
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,6 +93,9 @@ class GroupState:
     def remember(self, digest: c.ClaimDigest) -> None:
         """Fold a claim's report into the slot books (the claim workflow is the authority on its phase)."""
         slot = self.slots.get(digest.slot)
+        held = self.claims.get(digest.name)
+        if held is not None and held.marked and not digest.marked:
+            digest = replace(digest, marked=True)  # a mark is never undone by a report sent before it arrived
         if digest.workflow_done:
             self.claims.pop(digest.name, None)
         else:

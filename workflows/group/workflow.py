@@ -97,11 +97,7 @@ class GroupWorkflow(Verbs):
             book.provider_id = sv.provider_id or book.provider_id
             if book.last_outcome is None and sv.last_claim is not None:
                 book.last_outcome = sv.last_claim
-            if (
-                book.observation.observed_at is None
-                or sv.observation.observed_at is None
-                or sv.observation.observed_at >= book.observation.observed_at
-            ):
+            if not sv.observation.older_than(book.observation):
                 book.observation = sv.observation
         for name, book in s.slots.items():
             if name not in seen and book.exists:
@@ -220,9 +216,7 @@ class GroupWorkflow(Verbs):
         if book is None:
             s.reload_requested = True
             return
-        if book.observation.observed_at is None or (
-            obs.observation.observed_at is not None and obs.observation.observed_at >= book.observation.observed_at
-        ):
+        if not obs.observation.older_than(book.observation):
             book.observation = obs.observation
         owner = book.live_claim or book.draining_claim
         if owner:

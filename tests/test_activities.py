@@ -1,0 +1,623 @@
+"""The Kubernetes activities against the HTTP API emulator: effects, idempotency under retry, and error mapping.
+
+Activities are plain synchronous methods, so they are called directly (as the worker's thread pool would); the
+emulator is seeded with the example group and slots, their Secrets and ConfigMaps, and the kubelet Nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.converter import DataConverter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import KubeActivities
+from activities.jobs import build_job
+from api import contracts as c
+from api import names
+from api.v2alpha1 import Node
+from homelab_autoscaler.sim.emulator import EmulatorServer, Fault
+from kube.adapter import Kube
+from kube.errors import Transient
+
+NS = "homelab-autoscaler-system"
+CRD = names.API_VERSION
+NOW = datetime(2026, 1, 1, 9, 0, tzinfo=UTC)
+Obj = dict[str, Any]
+CILIUM = {"key": "node.cilium.io/agent-not-ready", "effect": "NoExecute"}
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}
+FOREIGN = {"key": "example.com/foreign", "effect": "NoSchedule"}
+
+
+# --- fixtures and helpers ---------------------------------------------------------------------------------
+def put(srv: EmulatorServer, group_version: str, plural: str, obj: Obj) -> Obj:
+    return srv.call(lambda e: e.put_object(group_version, plural, obj))
+
+
+def objects(srv: EmulatorServer, group_version: str, plural: str, namespace: str | None = NS) -> list[Obj]:
+    return srv.call(lambda e: e.objects_of(group_version, plural, namespace))
+
+
+def stored(srv: EmulatorServer, group_version: str, plural: str, namespace: str | None, name: str) -> Obj:
+    obj = srv.call(lambda e: e.get_object(group_version, plural, namespace, name))
+    assert obj is not None, f"{plural} {name} is not stored"
+    return obj
+
+
+def kubelet_node(name: str, *, ready: bool = True, taints: list[Obj] | None = None, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "homelab.dev/pool": "workers"}},
+        "spec": {**spec, **({"taints": taints} if taints else {})},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletReady"}],
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "allocatable": {"cpu": "7800m", "memory": "31Gi", "pods": "110"},
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+        },
+    }
+
+
+def failure(err: pytest.ExceptionInfo[ApplicationError], kind: str) -> str:
+    """Assert a non-retryable ApplicationError of `kind`; its message for further checks."""
+    assert err.value.type == kind, err.value
+    assert err.value.non_retryable
+    return str(err.value.message)
+
+
+@pytest.fixture
+def cluster(emulator: EmulatorServer, examples: dict[str, list[Obj]]) -> EmulatorServer:
+    """The example homelab: namespace, Secrets/ConfigMaps, group `workers`, three slots, their kubelet Nodes."""
+    put(emulator, "v1", "namespaces", {"metadata": {"name": NS}})
+    put(
+        emulator, "v1", "secrets", {"metadata": {"name": "worker-ssh", "namespace": NS}, "data": {"passphrase": "eA=="}}
+    )
+    put(emulator, "v1", "configmaps", {"metadata": {"name": "shutdown-scripts", "namespace": NS}, "data": {"a": "b"}})
+    put(emulator, CRD, "groups", examples["group"][0])
+    for slot in examples["nodes"]:
+        put(emulator, CRD, "nodes", slot)
+    put(
+        emulator,
+        CRD,
+        "nodes",
+        {
+            "metadata": {"name": "elsewhere", "namespace": NS},
+            "spec": {**examples["nodes"][1]["spec"], "group": "other"},
+        },
+    )
+    for name in ("worker-1", "worker-2", "gpu-1"):
+        put(emulator, "v1", "nodes", kubelet_node(name))
+    return emulator
+
+
+@pytest.fixture
+def acts(kube: Kube) -> KubeActivities:
+    return KubeActivities(kube, clock=lambda: NOW)
+
+
+def seed(name: str = "c1", slot: str = "worker-1", **kw: Any) -> c.ClaimSeed:
+    base: dict[str, Any] = {
+        "namespace": NS,
+        "name": name,
+        "slot": slot,
+        "group": "workers",
+        "call": "IncreaseSize",
+        "attempt": 1,
+        "requested_at": NOW,
+        "deadline_at": NOW + timedelta(minutes=15),
+        "max_provision_seconds": 900.0,
+        "ttl_seconds": 3600,
+    }
+    return c.ClaimSeed(**{**base, **kw})
+
+
+# --- registration -----------------------------------------------------------------------------------------
+def test_all_registers_every_activity_by_its_contract_name(acts: KubeActivities) -> None:
+    defined = {activity._Definition.must_from_callable(fn).name for fn in acts.all()}
+    wanted = {v for k, v in vars(c.Act).items() if not k.startswith("_")}
+    assert defined == wanted
+
+
+def test_results_round_trip_through_the_temporal_converter(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    converter = DataConverter.default.payload_converter
+    for value, kind in (
+        (acts.load_group(c.GroupRef(NS, "workers")), c.GroupView),
+        (acts.observe_slot(c.SlotRef(NS, "worker-1")), c.Observation),
+        (acts.read_job(c.JobRef(NS, "nope")), c.JobStatus),
+    ):
+        (payload,) = converter.to_payloads([value])
+        assert converter.from_payloads([payload], [kind]) == [value]
+
+
+# --- claims ------------------------------------------------------------------------------------------------
+def test_create_claim_makes_one_claim_owned_by_its_slot(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.create_claim(seed())
+    acts.create_claim(seed())
+    (claim,) = objects(cluster, CRD, "nodeclaims")
+    slot = stored(cluster, CRD, "nodes", NS, "worker-1")
+    assert claim["metadata"]["name"] == "c1"
+    assert claim["metadata"]["labels"] == {names.LABEL_NODE: "worker-1", names.LABEL_GROUP: "workers"}
+    assert claim["metadata"]["ownerReferences"] == [
+        {"apiVersion": CRD, "kind": "Node", "name": "worker-1", "uid": slot["metadata"]["uid"]}
+    ]
+    assert claim["spec"] == {
+        "node": "worker-1",
+        "group": "workers",
+        "requestedAt": "2026-01-01T09:00:00Z",
+        "deadlineAt": "2026-01-01T09:15:00Z",
+        "maxNodeProvisionTime": "15m0s",
+        "ttlSecondsAfterFinished": 3600,
+        "call": "IncreaseSize",
+    }
+    assert "status" not in claim
+    # deleting the slot takes its claims (garbage collection follows the owner reference)
+    cluster.call(lambda e: e.delete_object(CRD, "nodes", NS, "worker-1"))
+    assert objects(cluster, CRD, "nodeclaims") == []
+
+
+def test_create_claim_without_deadline_or_provision_time(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.create_claim(seed(deadline_at=None, max_provision_seconds=0.0, call="Adopted", phase="ready"))
+    spec = stored(cluster, CRD, "nodeclaims", NS, "c1")["spec"]
+    assert "deadlineAt" not in spec and "maxNodeProvisionTime" not in spec
+    assert spec["call"] == "Adopted"
+
+
+def test_create_claim_for_a_deleted_slot_is_not_retried(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    with pytest.raises(ApplicationError) as err:
+        acts.create_claim(seed(slot="gone"))
+    assert "gone" in failure(err, "SlotDeleted")
+    assert objects(cluster, CRD, "nodeclaims") == []
+
+
+def test_record_claim_projects_status_spec_and_one_event(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.create_claim(seed())
+    write = c.StatusWrite(
+        NS,
+        "c1",
+        status={"phase": "ready", "attempt": 1, "reason": None, "finishedAt": None},
+        spec={"deadlineAt": None},
+        event_reason="ClaimReady",
+        event_message="the node is Ready",
+    )
+    acts.record_claim(write)
+    acts.record_claim(write)  # a retry: same state, the Event counts the repeat
+    claim = stored(cluster, CRD, "nodeclaims", NS, "c1")
+    assert claim["status"] == {"phase": "ready", "attempt": 1}
+    assert "deadlineAt" not in claim["spec"]
+    (event,) = objects(cluster, "v1", "events")
+    assert (event["reason"], event["message"], event["type"], event["count"]) == (
+        "ClaimReady",
+        "the node is Ready",
+        "Normal",
+        2,
+    )
+    assert event["involvedObject"]["kind"] == "NodeClaim"
+    assert event["involvedObject"]["uid"] == claim["metadata"]["uid"]
+    assert event["lastTimestamp"] == "2026-01-01T09:00:00Z"
+    status_writes = [r for r in list(cluster.emulator.requests) if r.verb == "patch" and r.plural == "nodeclaims"]
+    assert status_writes[0].subresource == "status"
+    assert status_writes[0].content_type == "application/merge-patch+json"
+
+    acts.record_claim(c.StatusWrite(NS, "c1", status={"phase": "failed"}, event_reason="ClaimFailed", warning=True))
+    assert {e["type"] for e in objects(cluster, "v1", "events")} == {"Normal", "Warning"}
+
+
+def test_record_claim_on_a_gone_claim_is_moot(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.record_claim(c.StatusWrite(NS, "gone", status={"phase": "ready"}, event_reason="ClaimReady"))
+    assert objects(cluster, "v1", "events") == []
+
+
+def test_finalizer_release_and_delete_are_idempotent(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.create_claim(seed())
+    ref = c.ClaimRef(NS, "c1")
+    acts.add_claim_finalizer(ref)
+    acts.add_claim_finalizer(ref)
+    assert stored(cluster, CRD, "nodeclaims", NS, "c1")["metadata"]["finalizers"] == [names.FINALIZER_CLAIM]
+    acts.delete_claim(ref)
+    acts.delete_claim(ref)
+    assert stored(cluster, CRD, "nodeclaims", NS, "c1")["metadata"]["deletionTimestamp"]  # held by the finalizer
+    acts.release_claim(ref)
+    acts.release_claim(ref)
+    assert objects(cluster, CRD, "nodeclaims") == []
+    acts.delete_claim(ref)
+    with pytest.raises(ApplicationError) as err:
+        acts.add_claim_finalizer(ref)
+    assert "c1" in failure(err, "NotFound")
+
+
+def test_a_transient_failure_is_raised_for_temporal_to_retry(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    cluster.emulator.faults.append(Fault(match=lambda i: i.verb == "create", status=503, times=1))
+    with pytest.raises(Transient):  # not an ApplicationError: the activity's retry policy applies
+        acts.create_claim(seed())
+    assert objects(cluster, CRD, "nodeclaims") == []
+    acts.create_claim(seed())  # the retry
+    assert len(objects(cluster, CRD, "nodeclaims")) == 1
+
+
+# --- Jobs --------------------------------------------------------------------------------------------------
+def container_of(job: Obj) -> Obj:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_startup_job_for_a_claim(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.create_claim(seed())
+    req = c.JobRequest(NS, "worker-1", "startup", 1, "c1")
+    assert acts.create_job(req) == {"name": "c1-startup", "namespace": NS}
+    assert acts.create_job(req) == {"name": "c1-startup", "namespace": NS}
+    (job,) = objects(cluster, "batch/v1", "jobs")
+    claim = stored(cluster, CRD, "nodeclaims", NS, "c1")
+    slot = stored(cluster, CRD, "nodes", NS, "worker-1")
+    assert job["metadata"]["labels"] == {
+        names.LABEL_NODE: "worker-1",
+        names.LABEL_NODECLAIM: "c1",
+        "type": "startup",
+        "app.kubernetes.io/managed-by": "homelab-autoscaler",
+    }
+    assert job["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": CRD,
+            "kind": "NodeClaim",
+            "name": "c1",
+            "uid": claim["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        },
+        {"apiVersion": CRD, "kind": "Node", "name": "worker-1", "uid": slot["metadata"]["uid"]},
+    ]
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (0, 300, 600)
+    assert spec["template"]["metadata"]["labels"] == job["metadata"]["labels"]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    container = container_of(job)
+    assert container["name"] == "power"
+    assert container["image"] == "ghcr.io/homecluster/wol:1.0"
+    assert container["command"] == ["wakeonlan"]
+    assert container["args"] == ["-i", "192.168.1.255", "aa:bb:cc:dd:ee:01"]
+    assert container["env"] == [
+        {"name": "HOMELAB_SLOT", "value": "worker-1"},
+        {"name": "HOMELAB_NODE_NAME", "value": "worker-1"},
+        {"name": "HOMELAB_OPERATION", "value": "startup"},
+    ]
+    # garbage collection waits for every owner: the claim's deletion leaves the slot's, the slot's takes the Job
+    cluster.call(lambda e: e.delete_object(CRD, "nodeclaims", NS, "c1"))
+    (job,) = objects(cluster, "batch/v1", "jobs")
+    assert [o["kind"] for o in job["metadata"]["ownerReferences"]] == ["Node"]
+    cluster.call(lambda e: e.delete_object(CRD, "nodes", NS, "worker-1"))
+    assert objects(cluster, "batch/v1", "jobs") == []
+
+
+def test_shutdown_job_carries_secrets_and_config_maps_by_reference(
+    cluster: EmulatorServer, acts: KubeActivities
+) -> None:
+    acts.create_claim(seed())
+    acts.create_job(c.JobRequest(NS, "worker-1", "shutdown", 2, "c1"))
+    job = stored(cluster, "batch/v1", "jobs", NS, "c1-shutdown-2")
+    container = container_of(job)
+    assert container["env"][:2] == [
+        {"name": "SSH_USER", "value": "homelab"},
+        {"name": "SSH_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "worker-ssh", "key": "passphrase"}}},
+    ]
+    assert container["env"][-1] == {"name": "HOMELAB_OPERATION", "value": "shutdown"}
+    assert container["volumeMounts"] == [
+        {"name": "ssh-key", "mountPath": "/ssh", "readOnly": True},
+        {"name": "scripts", "mountPath": "/scripts", "readOnly": True},
+    ]
+    assert job["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "ssh-key", "secret": {"secretName": "worker-ssh"}},
+        {"name": "scripts", "configMap": {"name": "shutdown-scripts"}},
+    ]
+    assert container["resources"] == {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
+    assert job["spec"]["activeDeadlineSeconds"] == 300
+
+
+def test_a_release_job_is_owned_by_the_slot_alone(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    assert acts.create_job(c.JobRequest(NS, "gpu-1", "shutdown", 3)) == {"name": "gpu-1-shutdown-3", "namespace": NS}
+    named = acts.create_job(c.JobRequest(NS, "gpu-1", "shutdown", 1, "", "gpu-1-release-7"))
+    assert named == {"name": "gpu-1-release-7", "namespace": NS}
+    job = stored(cluster, "batch/v1", "jobs", NS, "gpu-1-shutdown-3")
+    slot = stored(cluster, CRD, "nodes", NS, "gpu-1")
+    assert job["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": CRD,
+            "kind": "Node",
+            "name": "gpu-1",
+            "uid": slot["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert names.LABEL_NODECLAIM not in job["metadata"]["labels"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "homelab-lifecycle"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert container_of(job)["envFrom"] == [{"prefix": "BMC_", "secretRef": {"name": "gpu-1-bmc"}}]
+
+
+def test_a_retried_create_job_never_makes_a_second_job(cluster: EmulatorServer) -> None:
+    """The first answer is lost (the client times out, the server creates anyway); the retry finds the Job."""
+    impatient = Kube.connect(server=cluster.url, timeout=0.3)
+    try:
+        acts = KubeActivities(impatient, clock=lambda: NOW)
+        cluster.emulator.faults.append(Fault(match=lambda i: i.verb == "create", status=None, delay=0.8))
+        req = c.JobRequest(NS, "worker-2", "startup", 1)
+        with pytest.raises(Exception, match="Timeout"):
+            acts.create_job(req)
+        time.sleep(1.0)
+        assert acts.create_job(req) == {"name": "worker-2-startup", "namespace": NS}
+        assert acts.create_job(req) == {"name": "worker-2-startup", "namespace": NS}
+    finally:
+        impatient.close()
+    assert [j["metadata"]["name"] for j in objects(cluster, "batch/v1", "jobs")] == ["worker-2-startup"]
+
+
+def test_create_job_failures_that_retrying_cannot_fix(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    with pytest.raises(ApplicationError) as err:
+        acts.create_job(c.JobRequest(NS, "gone", "startup"))
+    assert "gone" in failure(err, "SlotDeleted")
+
+    bad = stored(cluster, CRD, "nodes", NS, "worker-2")
+    bad["spec"]["startupPodSpec"] = {"image": "x", "comand": ["typo"]}
+    put(cluster, CRD, "nodes", bad)
+    with pytest.raises(ApplicationError) as err:
+        acts.create_job(c.JobRequest(NS, "worker-2", "startup"))
+    assert "startupPodSpec" in failure(err, "InvalidPodSpec")
+
+    del bad["spec"]["startupPodSpec"]
+    put(cluster, CRD, "nodes", bad)
+    with pytest.raises(ApplicationError) as err:
+        acts.create_job(c.JobRequest(NS, "worker-2", "startup"))
+    assert "worker-2" in failure(err, "InvalidPodSpec")
+
+    with pytest.raises(ApplicationError) as err:
+        acts.create_job(c.JobRequest(NS, "worker-1", "startup", 1, "gone-claim"))
+    assert "gone-claim" in failure(err, "NotFound")
+
+    with pytest.raises(ApplicationError) as err:
+        acts.create_job(c.JobRequest(NS, "worker-1", "reboot"))
+    failure(err, "Invalid")
+
+    cluster.emulator.faults.append(Fault(match=lambda i: i.verb == "create", status=422, reason="Invalid"))
+    with pytest.raises(ApplicationError) as err:
+        acts.create_job(c.JobRequest(NS, "worker-1", "startup"))
+    failure(err, "InvalidPodSpec")
+    assert objects(cluster, "batch/v1", "jobs") == []
+
+
+def test_read_job_states(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    acts.create_job(c.JobRequest(NS, "worker-1", "startup"))
+    name = "worker-1-startup"
+    assert acts.read_job(c.JobRef(NS, "nope")) == c.JobStatus("nope", c.JOB_MISSING)
+    assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_RUNNING)
+
+    def conditions(*conds: Obj) -> None:
+        cluster.call(
+            lambda e: e.patch_object("batch/v1", "jobs", NS, name, {"status": {"conditions": list(conds)}}, "status")
+        )
+
+    conditions({"type": "SuccessCriteriaMet", "status": "False"})
+    assert acts.read_job(c.JobRef(NS, name)).state == c.JOB_RUNNING
+    conditions({"type": "SuccessCriteriaMet", "status": "True"})
+    assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_SUCCEEDED)
+    conditions({"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"})
+    assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_SUCCEEDED)
+    conditions({"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"})
+    assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_FAILED, "DeadlineExceeded")
+    conditions({"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"})
+    assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_FAILED, "BackoffLimitExceeded")
+
+
+# --- the machine -------------------------------------------------------------------------------------------
+def observe(acts: KubeActivities, slot: str = "worker-1") -> tuple[str, bool, bool, bool]:
+    o = acts.observe_slot(c.SlotRef(NS, slot))
+    assert o.observed_at == NOW
+    return (o.power, o.usable, o.exists, o.gate_open)
+
+
+def test_observe_slot(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    obs = acts.observe_slot(c.SlotRef(NS, "worker-1"))
+    assert obs.resource_version == stored(cluster, "v1", "nodes", None, "worker-1")["metadata"]["resourceVersion"]
+    assert observe(acts) == ("on", True, True, True)
+    put(cluster, "v1", "nodes", kubelet_node("worker-1", ready=False))
+    assert observe(acts) == ("off", False, True, False)
+    put(cluster, "v1", "nodes", kubelet_node("worker-1", taints=[CILIUM]))
+    assert observe(acts) == ("on", False, True, False)  # the readiness taint closes the gate
+    put(cluster, "v1", "nodes", kubelet_node("worker-1", taints=[FOREIGN], unschedulable=True))
+    assert observe(acts) == ("on", False, True, True)  # cordoned: unusable, yet the gate is open
+    cluster.call(lambda e: e.delete_object("v1", "nodes", None, "worker-1"))
+    obs = acts.observe_slot(c.SlotRef(NS, "worker-1"))
+    assert (obs.power, obs.usable, obs.exists, obs.gate_open, obs.resource_version) == ("off", False, False, False, "")
+    with pytest.raises(ApplicationError) as err:
+        acts.observe_slot(c.SlotRef(NS, "gone"))
+    failure(err, "SlotDeleted")
+
+
+def test_observe_slot_reads_the_groups_readiness_taints(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    put(cluster, "v1", "nodes", kubelet_node("worker-1", taints=[CILIUM]))
+    cluster.call(lambda e: e.patch_object(CRD, "groups", NS, "workers", {"spec": {"nodeReadinessTaints": []}}))
+    assert observe(acts) == ("on", True, True, True)  # [] disables the gate
+    cluster.call(lambda e: e.delete_object(CRD, "groups", NS, "workers"))
+    assert observe(acts) == ("on", False, True, False)  # no group: the default readiness taints
+
+
+def test_cordon_and_uncordon_slot(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    ref = c.SlotRef(NS, "worker-1")
+    acts.cordon_slot(ref)
+    acts.cordon_slot(ref)
+    assert stored(cluster, "v1", "nodes", None, "worker-1")["spec"]["unschedulable"] is True
+    acts.uncordon_slot(ref)
+    assert "unschedulable" not in stored(cluster, "v1", "nodes", None, "worker-1")["spec"]
+    cluster.call(lambda e: e.delete_object("v1", "nodes", None, "worker-1"))
+    acts.cordon_slot(ref)  # no Node: nothing to do
+    acts.uncordon_slot(ref)
+    with pytest.raises(ApplicationError) as err:
+        acts.cordon_slot(c.SlotRef(NS, "gone"))
+    failure(err, "SlotDeleted")
+
+
+def test_open_gate(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    pool = {"key": "homelab.dev/pool", "value": "workers", "effect": "PreferNoSchedule"}
+    cluster.call(lambda e: e.patch_object(CRD, "groups", NS, "workers", {"spec": {"nodeTaints": [pool]}}))
+    put(cluster, "v1", "nodes", kubelet_node("worker-1", taints=[FOREIGN, OUT_OF_SERVICE], unschedulable=True))
+    ref = c.SlotRef(NS, "worker-1")
+    acts.open_gate(ref)
+    node = stored(cluster, "v1", "nodes", None, "worker-1")
+    assert "unschedulable" not in node["spec"]
+    assert node["spec"]["taints"] == [FOREIGN, pool]
+    assert node["spec"]["providerID"] == "homelab://homelab-autoscaler-system/worker-1"
+    assert node["metadata"]["labels"][names.LABEL_GROUP] == "workers"
+    assert node["metadata"]["labels"][names.LABEL_NODE] == "worker-1"
+    writes = len([r for r in list(cluster.emulator.requests) if r.verb == "patch"])
+    acts.open_gate(ref)
+    assert len([r for r in list(cluster.emulator.requests) if r.verb == "patch"]) == writes + 1  # only the uncordon
+    assert stored(cluster, "v1", "nodes", None, "worker-1") == node
+
+    acts.open_gate(c.SlotRef(NS, "gpu-1"))  # the slot's own providerID wins over the default
+    assert (
+        stored(cluster, "v1", "nodes", None, "gpu-1")["spec"]["providerID"]
+        == "homelab://homelab-autoscaler-system/gpu-1"
+    )
+    cluster.call(lambda e: e.delete_object("v1", "nodes", None, "worker-2"))
+    acts.open_gate(c.SlotRef(NS, "worker-2"))  # the Node vanished: nothing to do
+
+
+def test_slot_event(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    ev = c.SlotEvent(NS, "worker-1", "ReadinessGateTimeout", "the node never became ready", warning=True)
+    acts.slot_event(ev)
+    acts.slot_event(ev)
+    (event,) = objects(cluster, "v1", "events")
+    slot = stored(cluster, CRD, "nodes", NS, "worker-1")
+    assert event["involvedObject"]["uid"] == slot["metadata"]["uid"]
+    assert (event["type"], event["count"], event["reason"]) == ("Warning", 2, "ReadinessGateTimeout")
+    acts.slot_event(c.SlotEvent(NS, "gone", "MachineReleased", "released"))  # moot
+    assert len(objects(cluster, "v1", "events")) == 1
+
+
+# --- the group ---------------------------------------------------------------------------------------------
+def test_load_group(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    assert acts.load_group(c.GroupRef(NS, "nope")) == c.GroupView(NS, "nope", exists=False)
+    put(cluster, "v1", "nodes", kubelet_node("worker-1", ready=False, taints=[CILIUM]))
+    cluster.call(lambda e: e.delete_object("v1", "nodes", None, "worker-2"))
+    put(cluster, "v1", "nodes", kubelet_node("gpu-1", taints=[CILIUM, FOREIGN], providerID="kind://gpu-1"))
+    cluster.call(
+        lambda e: e.patch_object(CRD, "nodes", NS, "worker-1", {"status": {"activationsLast24H": 4}}, "status")
+    )
+    acts.create_claim(seed("c1", "worker-1"))
+    acts.record_claim(c.StatusWrite(NS, "c1", status={"phase": "booting", "attempt": 2, "reason": None}))
+    acts.create_claim(seed("c2", "worker-2", deadline_at=None))
+    acts.add_claim_finalizer(c.ClaimRef(NS, "c2"))
+    acts.delete_claim(c.ClaimRef(NS, "c2"))
+    put(
+        cluster,
+        CRD,
+        "nodeclaims",
+        {
+            "metadata": {"name": "c3", "namespace": NS},
+            "spec": {"node": "elsewhere", "group": "other", "requestedAt": "2026-01-01T08:00:00Z"},
+        },
+    )
+
+    view = acts.load_group(c.GroupRef(NS, "workers"))
+    assert (view.exists, view.min_size, view.max_size, view.max_provision_seconds) == (True, 0, 3, 900.0)
+    assert [s.name for s in view.slots] == ["gpu-1", "worker-1", "worker-2"]
+    gpu, w1, w2 = view.slots
+    assert (gpu.provider_id, w1.provider_id) == ("kind://gpu-1", "homelab://homelab-autoscaler-system/worker-1")
+    assert (w1.activations_last_24h, w2.activations_last_24h) == (4, 0)
+    assert (gpu.observation.power, gpu.observation.usable, gpu.observation.gate_open) == ("on", False, False)
+    assert (w1.observation.power, w1.observation.exists) == ("off", True)
+    assert (w2.observation.exists, w2.node_name) == (False, "worker-2")
+    assert all(s.observation.observed_at == NOW for s in view.slots)
+    assert view.claims == (
+        c.ClaimView(
+            name="c1",
+            slot="worker-1",
+            phase="booting",
+            attempt=2,
+            call="IncreaseSize",
+            marked=False,
+            requested_at=NOW,
+            deadline_at=NOW + timedelta(minutes=15),
+        ),
+        c.ClaimView(
+            name="c2", slot="worker-2", phase="pending", attempt=1, call="IncreaseSize", marked=True, requested_at=NOW
+        ),
+    )
+    template = view.template
+    assert template is not None
+    assert template["metadata"]["name"] == "gpu-1"  # the Ready one
+    assert template["metadata"]["labels"]["homelab.dev/pool"] == "workers"
+    assert template["metadata"]["annotations"] == {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: "2026-01-01T09:00:00Z"}
+    assert template["spec"] == {"taints": [FOREIGN]}  # the readiness taint is one boot's, not the group's
+    assert set(template["status"]) == {"capacity", "allocatable", "nodeInfo"}
+    assert "uid" not in template["metadata"] and "resourceVersion" not in template["metadata"]
+
+
+def test_load_group_with_no_kubelet_nodes_has_no_template(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    for name in ("worker-1", "worker-2", "gpu-1"):
+        cluster.call(lambda e, n=name: e.delete_object("v1", "nodes", None, n))
+    view = acts.load_group(c.GroupRef(NS, "workers"))
+    assert view.template is None
+    assert [s.observation.exists for s in view.slots] == [False, False, False]
+
+
+# --- the pure Job builder ----------------------------------------------------------------------------------
+def test_build_job_defaults_bound_every_job(examples: dict[str, list[Obj]]) -> None:
+    raw = examples["nodes"][2]  # gpu-1: no backoff, deadline or TTL of its own
+    raw["metadata"]["uid"] = "slot-uid"
+    job = build_job(Node.model_validate(raw), "startup", "c9-startup", "c9", "claim-uid")
+    spec = job["spec"]
+    assert spec["backoffLimit"] == names.JOB_BACKOFF_LIMIT
+    assert spec["activeDeadlineSeconds"] == int(names.JOB_TIMEOUT.total_seconds())
+    assert spec["ttlSecondsAfterFinished"] == names.JOB_TTL_SECONDS_AFTER_FINISHED
+    assert job["metadata"]["namespace"] == NS
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == ["claim-uid", "slot-uid"]
+    env = container_of(job)["env"]
+    assert env[0] == {"name": "BMC_HOST", "valueFrom": {"configMapKeyRef": {"name": "bmc-hosts", "key": "gpu-1"}}}
+    assert env[1]["valueFrom"] == {"secretKeyRef": {"name": "gpu-1-bmc", "key": "username"}}
+    assert "volumes" not in spec["template"]["spec"]
+
+
+def test_build_job_takes_the_pod_specs_own_bounds_and_keeps_the_operators_env(examples: dict[str, list[Obj]]) -> None:
+    raw = examples["nodes"][0]
+    raw["metadata"]["uid"] = "slot-uid"
+    raw["spec"]["startupPodSpec"].update(
+        backoffLimit=2,
+        activeDeadlineSeconds=120,
+        ttlSecondsAfterFinished=30,
+        env=[{"name": "HOMELAB_SLOT", "value": "x"}],
+    )
+    job = build_job(Node.model_validate(raw), "startup", "w-startup", "", "")
+    assert (job["spec"]["backoffLimit"], job["spec"]["activeDeadlineSeconds"]) == (2, 120)
+    assert job["spec"]["ttlSecondsAfterFinished"] == 30
+    env = container_of(job)["env"]
+    assert [e for e in env if e["name"] == "HOMELAB_SLOT"] == [{"name": "HOMELAB_SLOT", "value": "worker-1"}]
+    assert job["metadata"]["ownerReferences"][0]["controller"] is True
+    with pytest.raises(ValueError):
+        build_job(Node.model_validate(raw), "reboot", "w-reboot", "", "")
+
+
+def test_in_a_worker_each_claim_move_is_its_own_event_listed_in_order(
+    cluster: EmulatorServer, acts: KubeActivities
+) -> None:
+    """Events are named from the activity's first scheduling: ordered by name, and a retry finds its Event."""
+    acts.create_claim(seed())
+    env = ActivityEnvironment()
+    for minute, reason in ((1, "ClaimCreated"), (2, "ClaimBooting"), (3, "ClaimReady")):
+        env.info = dataclasses.replace(env.info, scheduled_time=NOW + timedelta(minutes=minute))
+        write = c.StatusWrite(NS, "c1", status={"phase": "pending"}, event_reason=reason, event_message="m")
+        env.run(acts.record_claim, write)
+    env.run(acts.record_claim, write)  # a retry of the last one (same first scheduling)
+    events = objects(cluster, "v1", "events")  # the API lists by name
+    assert [e["reason"] for e in events] == ["ClaimCreated", "ClaimBooting", "ClaimReady"]
+    assert [e["count"] for e in events] == [1, 1, 2]
+    assert all(e["metadata"]["name"].startswith("c1.") for e in events)

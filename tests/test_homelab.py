@@ -1,0 +1,488 @@
+"""The simulated homelab, seen the only way the operator sees it: through the Kubernetes API over HTTP.
+
+Every fault switch is checked by the Kubernetes-visible behaviour it names. Most tests run with all delays
+zero, where the sim must have done everything before the create call returns (the workflow tests on
+Temporal's time-skipping server depend on that); one test runs with small real delays and checks the order
+of events through a watch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+
+from api import names
+from homelab_autoscaler.sim.emulator import EmulatorServer, KubeEmulator, ResourceSpec
+from homelab_autoscaler.sim.homelab import Homelab, HomelabServer, Stage
+from homelab_autoscaler.sim.homelab_spec import (
+    HomelabSpec,
+    HomelabSpecError,
+    load_homelab_spec,
+    parse_homelab_spec,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "deploy" / "examples" / "homelab.yaml"
+NS = "homelab-autoscaler-system"
+G, V = names.GROUP, names.VERSION
+TAINT = {"key": "node.cilium.io/agent-not-ready", "effect": "NoExecute"}
+
+
+def homelab_spec(timings: dict[str, float] | None = None, **slot_extra: Any) -> HomelabSpec:
+    """Three machines in one group; ``slot_extra`` (e.g. faults) applies to ``m1``."""
+    slots: list[dict[str, Any]] = [
+        {"name": "m1", "group": "workers", "node": {"labels": {"pool": "w"}}, **slot_extra},
+        {"name": "m2", "group": "workers", "kubernetesNodeName": "m2.lan"},
+        {"name": "m3", "group": "workers", "initiallyOn": True},
+    ]
+    return parse_homelab_spec(
+        {
+            "namespace": NS,
+            "timings": timings or {},
+            "groups": [{"name": "workers", "maxSize": 3}],
+            "slots": slots,
+        }
+    )
+
+
+class Lab:
+    """A running homelab plus typed API handles, so each test reads like what it checks."""
+
+    def __init__(self, server: HomelabServer, api: client.ApiClient) -> None:
+        self.server = server
+        # Any: the client's generated stubs want model objects, and these tests send plain dicts on purpose
+        self.core: Any = client.CoreV1Api(api)
+        self.batch: Any = client.BatchV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    def job(
+        self,
+        slot: str,
+        job_type: str,
+        *,
+        name: str | None = None,
+        namespace: str = NS,
+        labels: dict[str, str] | None = None,
+        deadline: int | None = None,
+    ) -> str:
+        name = name or f"{slot}-{job_type}"
+        meta_labels = {names.LABEL_NODE: slot, names.LABEL_JOB_TYPE: job_type} if labels is None else labels
+        spec: dict[str, Any] = {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        }
+        if deadline is not None:
+            spec["activeDeadlineSeconds"] = deadline
+        body = {"metadata": {"name": name, "labels": meta_labels}, "spec": spec}
+        self.batch.create_namespaced_job(namespace, body)
+        return name
+
+    def job_status(self, name: str, namespace: str = NS) -> Any:
+        return self.batch.read_namespaced_job(name, namespace).status
+
+    def node(self, name: str) -> Any | None:
+        found = [n for n in self.core.list_node().items if n.metadata.name == name]
+        return found[0] if found else None
+
+    def ready(self, name: str) -> str | None:
+        node = self.node(name)
+        if node is None:
+            return None
+        return next(c.status for c in node.status.conditions if c.type == "Ready")
+
+    def taints(self, name: str) -> list[dict[str, Any]]:
+        node = self.node(name)
+        assert node is not None
+        return [{"key": t.key, "effect": t.effect} for t in node.spec.taints or []]
+
+
+def conditions(status: Any) -> dict[str, tuple[str, str | None]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions or []}
+
+
+@pytest.fixture
+def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+    """A seeded zero-delay homelab; ``@pytest.mark.parametrize('lab', [spec], indirect=True)`` overrides it."""
+    spec = getattr(request, "param", None) or homelab_spec()
+    with HomelabServer(spec) as server, server.api_client() as api:
+        yield Lab(server, api)
+
+
+# --- the emulator hook -----------------------------------------------------------------------------------
+
+
+def test_listeners_see_every_change_in_order_and_may_write_reentrantly() -> None:
+    seen: list[tuple[str, str, str | None]] = []
+
+    def labeller(kind: str, spec: ResourceSpec, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        # reacts to a create by writing the same object again, from inside the notification
+        if spec.plural == "configmaps" and kind == "ADDED":
+            emulator.patch_object("v1", "configmaps", "default", obj["metadata"]["name"], {"data": {"seen": "yes"}})
+
+    def recorder(kind: str, spec: ResourceSpec, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        seen.append((kind, obj["metadata"]["resourceVersion"], (old or {}).get("data", {}).get("seen")))
+
+    with EmulatorServer() as srv, srv.api_client() as api:
+        emulator: KubeEmulator = srv.emulator
+        srv.call(lambda e: e.listeners.extend([labeller, recorder]))
+        core: Any = client.CoreV1Api(api)
+        core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}, "data": {"a": "1"}})
+        # the listener's write landed before the create returned, and the watch log has both changes
+        assert core.read_namespaced_config_map("cm", "default").data == {"a": "1", "seen": "yes"}
+        # the second listener saw the create before the re-entrant write, never the other way round
+        assert [(kind, seen_before) for kind, _, seen_before in seen] == [("ADDED", None), ("MODIFIED", None)]
+        assert int(seen[0][1]) < int(seen[1][1])
+        core.delete_namespaced_config_map("cm", "default")
+        assert seen[-1][0] == "DELETED"
+
+
+def test_a_failing_listener_does_not_fail_the_write(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(kind: str, spec: ResourceSpec, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        raise RuntimeError("boom")
+
+    with EmulatorServer() as srv, srv.api_client() as api:
+        srv.call(lambda e: e.listeners.append(broken))
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": "x"}})
+        assert srv.call(lambda e: e.get_object("v1", "namespaces", None, "x")) is not None
+    assert "boom" in caplog.text
+
+
+# --- seeding ---------------------------------------------------------------------------------------------
+
+
+def test_seed_creates_the_homelab_as_installed(lab: Lab) -> None:
+    assert lab.core.read_namespace(NS).status.phase == "Active"
+    group = lab.custom.get_namespaced_custom_object(G, V, NS, "groups", "workers")
+    assert group["spec"]["maxSize"] == 3
+    assert group["spec"]["nodeReadinessTaints"] == [TAINT]
+    slots = lab.custom.list_namespaced_custom_object(G, V, NS, "nodes")["items"]
+    assert [(s["metadata"]["name"], s["spec"]["kubernetesNodeName"]) for s in slots] == [
+        ("m1", "m1"),
+        ("m2", "m2.lan"),
+        ("m3", "m3"),
+    ]
+    assert slots[0]["spec"]["startupPodSpec"]["image"] == "busybox"
+    assert all("status" not in s for s in slots)  # the report is the operator's to write
+    # m3 was on at install time: Ready, no readiness taints; the others are off with no Node
+    assert [n.metadata.name for n in lab.core.list_node().items] == ["m3"]
+    assert lab.ready("m3") == "True" and lab.taints("m3") == []
+    assert [lab.server.power(s) for s in ("m1", "m2", "m3")] == ["off", "off", "on"]
+    lab.server.call(lambda h: h.seed())  # idempotent
+    assert len(lab.custom.list_namespaced_custom_object(G, V, NS, "nodes")["items"]) == 3
+
+
+# --- startup ---------------------------------------------------------------------------------------------
+
+
+def test_startup_with_zero_delays_is_complete_when_the_create_returns(lab: Lab) -> None:
+    job = lab.job("m1", "startup")
+    status = lab.job_status(job)
+    assert conditions(status) == {
+        "SuccessCriteriaMet": ("True", "CompletionsReached"),
+        "Complete": ("True", "CompletionsReached"),
+    }
+    assert status.succeeded == 1 and status.active is None
+    assert status.start_time is not None and status.completion_time is not None
+    node = lab.node("m1")
+    assert node is not None
+    assert node.metadata.labels["kubernetes.io/hostname"] == "m1" and node.metadata.labels["pool"] == "w"
+    assert node.status.capacity == {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    assert lab.ready("m1") == "True" and lab.taints("m1") == []
+    assert lab.server.power("m1") == "on" and lab.server.stage("m1") is Stage.SETTLED
+    # the whole story, in order, happened inside the create
+    assert [e.what for e in lab.server.history("m1")] == [
+        "job-started",
+        "job-succeeded",
+        "powered-on",
+        "registered",
+        "ready",
+        "taints-cleared",
+    ]
+
+
+def test_startup_registers_the_kubernetes_node_name(lab: Lab) -> None:
+    lab.job("m2", "startup")
+    assert lab.node("m2") is None and lab.ready("m2.lan") == "True"
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"startupJobFails": True})], indirect=True)
+def test_startup_job_fails(lab: Lab) -> None:
+    status = lab.job_status(lab.job("m1", "startup"))
+    assert conditions(status) == {
+        "FailureTarget": ("True", "BackoffLimitExceeded"),
+        "Failed": ("True", "BackoffLimitExceeded"),
+    }
+    assert status.failed == 1 and status.succeeded is None and status.active is None
+    assert lab.node("m1") is None and lab.server.power("m1") == "off"
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"jobHangs": True})], indirect=True)
+def test_job_hangs_stays_active_even_past_its_deadline_with_zero_delays(lab: Lab) -> None:
+    job = lab.job("m1", "startup", deadline=1)
+    time.sleep(1.2)
+    status = lab.job_status(job)
+    assert status.active == 1 and status.start_time is not None and not status.conditions
+    assert lab.node("m1") is None and lab.server.power("m1") == "off"
+
+
+def test_job_hangs_fails_deadline_exceeded_in_real_time() -> None:
+    spec = homelab_spec(timings={"jobSeconds": 1}, faults={"jobHangs": True})
+    with HomelabServer(spec, time_scale=0.1) as server, server.api_client() as api:
+        lab = Lab(server, api)
+        job = lab.job("m1", "startup", deadline=2)  # 0.2 s at this time scale
+        assert lab.job_status(job).active == 1
+        time.sleep(0.6)
+        status = lab.job_status(job)
+        assert conditions(status)["Failed"] == ("True", "DeadlineExceeded") and status.failed == 1
+        assert lab.node("m1") is None
+
+
+def test_a_job_slower_than_its_deadline_fails_deadline_exceeded() -> None:
+    with HomelabServer(homelab_spec(timings={"jobSeconds": 5}), time_scale=0.1) as server, server.api_client() as api:
+        lab = Lab(server, api)
+        job = lab.job("m1", "startup", deadline=2)
+        time.sleep(0.7)  # past the deadline (0.2 s) and the job's own run (0.5 s): the deadline won
+        status = conditions(lab.job_status(job))
+        assert status["Failed"] == ("True", "DeadlineExceeded") and "Complete" not in status
+        assert lab.server.power("m1") == "off"
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"neverBoots": True})], indirect=True)
+def test_never_boots(lab: Lab) -> None:
+    assert conditions(lab.job_status(lab.job("m1", "startup")))["Complete"] == ("True", "CompletionsReached")
+    assert lab.node("m1") is None and lab.server.power("m1") == "off"
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"kubeletNeverReady": True})], indirect=True)
+def test_kubelet_never_ready_until_the_fault_is_cleared(lab: Lab) -> None:
+    lab.job("m1", "startup")
+    node = lab.node("m1")
+    assert node is not None
+    ready = next(c for c in node.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "KubeletNotReady")
+    assert lab.taints("m1") == [TAINT] and lab.server.power("m1") == "on"
+    lab.server.set_fault("m1", "kubeletNeverReady", False)  # clearing it at run time resumes the boot
+    assert lab.ready("m1") == "True" and lab.taints("m1") == []
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"taintNeverClears": True})], indirect=True)
+def test_taint_never_clears(lab: Lab) -> None:
+    lab.job("m1", "startup")
+    assert lab.ready("m1") == "True" and lab.taints("m1") == [TAINT]
+    assert lab.server.stage("m1") is Stage.READY
+    lab.server.set_fault("m1", "taint_never_clears", False)
+    assert lab.taints("m1") == []
+
+
+def test_readiness_taints_come_from_the_group_object(lab: Lab) -> None:
+    custom = [{"key": "example.com/warming", "effect": "NoSchedule"}]
+    lab.custom.patch_namespaced_custom_object(G, V, NS, "groups", "workers", {"spec": {"nodeReadinessTaints": custom}})
+    lab.server.set_fault("m1", "taintNeverClears")
+    lab.job("m1", "startup")
+    assert lab.taints("m1") == custom
+
+
+# --- shutdown and the machine's own life ------------------------------------------------------------------
+
+
+def test_shutdown_leaves_the_node_unknown(lab: Lab) -> None:
+    job = lab.job("m3", "shutdown")
+    assert conditions(lab.job_status(job))["Complete"][0] == "True"
+    node = lab.node("m3")
+    assert node is not None  # the object stays: deleting it is the operator's call
+    assert {c.type: (c.status, c.reason) for c in node.status.conditions}["Ready"] == ("Unknown", "NodeStatusUnknown")
+    assert lab.server.power("m3") == "off"
+    # booting again re-posts the kept Node: NotReady with taints, then Ready, then usable
+    lab.job("m3", "startup")
+    assert lab.ready("m3") == "True" and lab.taints("m3") == [] and lab.server.power("m3") == "on"
+    assert [e.what for e in lab.server.history("m3")][-4:] == ["powered-on", "registered", "ready", "taints-cleared"]
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"shutdownDoesNothing": True})], indirect=True)
+def test_shutdown_does_nothing(lab: Lab) -> None:
+    lab.job("m1", "startup")
+    assert conditions(lab.job_status(lab.job("m1", "shutdown")))["Complete"][0] == "True"
+    assert lab.ready("m1") == "True" and lab.server.power("m1") == "on"
+
+
+def test_shutdown_job_fails(lab: Lab) -> None:
+    lab.server.set_fault("m3", "shutdownJobFails")
+    assert conditions(lab.job_status(lab.job("m3", "shutdown")))["Failed"] == ("True", "BackoffLimitExceeded")
+    assert lab.ready("m3") == "True" and lab.server.power("m3") == "on"
+
+
+def test_die_then_power_on_by_hand(lab: Lab) -> None:
+    lab.server.die("m3")
+    assert lab.ready("m3") == "Unknown" and lab.server.power("m3") == "off"
+    lab.server.die("m3")  # dead is dead
+    lab.server.power_on_by_hand("m3")
+    assert lab.ready("m3") == "True" and lab.server.power("m3") == "on"
+    assert lab.batch.list_namespaced_job(NS).items == []  # no Job was involved
+
+
+def test_power_on_by_hand_registers_a_new_node(lab: Lab) -> None:
+    lab.server.power_on_by_hand("m1")
+    assert lab.ready("m1") == "True" and lab.taints("m1") == []
+    lab.job("m1", "startup")  # waking a running machine changes nothing
+    assert [e.what for e in lab.server.history("m1")].count("powered-on") == 1
+
+
+def test_set_fault_at_run_time(lab: Lab) -> None:
+    lab.server.set_fault("m1", "startupJobFails", True)
+    assert "Failed" in conditions(lab.job_status(lab.job("m1", "startup", name="first")))
+    lab.server.set_fault("m1", "startupJobFails", False)
+    assert "Complete" in conditions(lab.job_status(lab.job("m1", "startup", name="second")))
+    assert lab.server.power("m1") == "on"
+    with pytest.raises(ValueError, match="unknown fault 'explodes'"):
+        lab.server.set_fault("m1", "explodes")
+    with pytest.raises(KeyError, match="no slot 'nope'"):
+        lab.server.die("nope")
+
+
+def test_jobs_that_are_not_lifecycle_jobs_are_ignored(lab: Lab) -> None:
+    lab.core.create_namespace({"metadata": {"name": "elsewhere"}})
+    jobs = [
+        (lab.job("m1", "startup", name="unlabelled", labels={}), NS),
+        (lab.job("m1", "startup", name="other-type", labels={names.LABEL_NODE: "m1", "type": "backup"}), NS),
+        (lab.job("ghost", "startup", name="unknown-slot"), NS),
+        (lab.job("m1", "startup", name="other-namespace", namespace="elsewhere"), "elsewhere"),
+    ]
+    for name, namespace in jobs:
+        assert lab.job_status(name, namespace) is None, name
+    assert lab.node("m1") is None and lab.server.power("m1") == "off"
+    assert lab.server.history("m1") == []
+
+
+# --- real time -------------------------------------------------------------------------------------------
+
+
+def test_real_delays_show_each_step_in_order_through_a_watch() -> None:
+    step = 0.2
+    timings = dict.fromkeys(("jobSeconds", "bootSeconds", "readySeconds", "taintClearSeconds"), step)
+    with HomelabServer(homelab_spec(timings=timings)) as server, server.api_client() as api:
+        lab = Lab(server, api)
+        since = lab.core.list_node().metadata.resource_version
+        started = time.monotonic()
+        job = lab.job("m1", "startup")
+        assert lab.job_status(job).active == 1 and lab.node("m1") is None  # nothing done yet
+        seen: list[tuple[float, int, str, str, list[str]]] = []
+        stream = watch.Watch().stream(lab.core.list_node, resource_version=since, timeout_seconds=5)
+        for event in stream:
+            node = event["object"]
+            if node.metadata.name != "m1":
+                continue
+            ready = next(c.status for c in node.status.conditions if c.type == "Ready")
+            taints = [t.key for t in node.spec.taints or []]
+            seen.append((time.monotonic() - started, int(node.metadata.resource_version), event["type"], ready, taints))
+            if ready == "True" and not taints:
+                break
+        assert [(kind, ready, taints) for _, _, kind, ready, taints in seen] == [
+            ("ADDED", "False", [TAINT["key"]]),
+            ("MODIFIED", "True", [TAINT["key"]]),
+            ("MODIFIED", "True", []),
+        ]
+        # job (0.2) + boot (0.2), then ready (+0.2), then taints cleared (+0.2)
+        at = [moment for moment, *_ in seen]
+        assert at[0] >= 2 * step - 0.05 and at[1] - at[0] >= step - 0.05 and at[2] - at[1] >= step - 0.05
+        # the Job completed before the kubelet registered (one resourceVersion counter orders all kinds)
+        job_events = [
+            (int(e["object"].metadata.resource_version), e["object"].status)
+            for e in watch.Watch().stream(lab.batch.list_namespaced_job, NS, resource_version=since, timeout_seconds=1)
+        ]
+        completed = [rv for rv, status in job_events if status and status.completion_time]
+        assert completed and completed[0] < seen[0][1]
+
+
+# --- the file and the standalone process -----------------------------------------------------------------
+
+
+def test_the_example_homelab_loads() -> None:
+    spec = load_homelab_spec(EXAMPLE)
+    assert spec.namespace == NS and [g.name for g in spec.groups] == ["workers"] and spec.groups[0].max_size == 3
+    assert [s.name for s in spec.slots] == ["worker-1", "worker-2", "worker-3"]
+    assert spec.slot("worker-3").faults.startup_job_fails
+    assert spec.timings_of(spec.slot("worker-2")).boot_seconds == 8
+    assert spec.timings_of(spec.slot("worker-1")).boot_seconds == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("groups: [{name: w, maxSize: 1}]\nslots: [{name: a, group: w, timings: {bootSeconds: -1}}]\n", "bootSeconds"),
+        ("groups: [{name: w, maxSize: 1}]\nslots: [{name: a, group: w, faults: {explodes: true}}]\n", "explodes"),
+        ("groups: [{name: w, maxSize: 1}]\nslots: [{name: a, group: nope}]\n", "slots[0].group"),
+        ("kind: Group\ngroups: [{name: w, maxSize: 1}]\n", "kind"),
+        ("groups: [{name: w}]\n", "groups[0].maxSize"),
+        ("- just\n- a list\n", "mapping"),
+    ],
+)
+def test_a_bad_homelab_file_is_rejected_naming_the_field(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(HomelabSpecError, match=r"bad\.yaml") as caught:
+        load_homelab_spec(path)
+    assert needle in str(caught.value)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_the_standalone_simulator_starts_answers_and_stops() -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "homelab_autoscaler.sim", "--homelab", str(EXAMPLE), "--port", str(port)]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api", timeout=1) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "the simulator did not answer in 15 s"
+                time.sleep(0.1)
+        with urllib.request.urlopen(f"{url}/apis/{G}/{V}/namespaces/{NS}/nodes", timeout=2) as response:
+            assert b"worker-3" in response.read()
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert url in out and f"kubectl --server {url} get nodes.infra.homecluster.dev -A" in out
+
+
+def test_homelab_attaches_to_a_bare_emulator() -> None:
+    """``Homelab`` works on any ``KubeEmulator``: seed, then answer a Job written with the in-loop helpers."""
+
+    def drive(emulator: KubeEmulator) -> tuple[str, str]:
+        homelab = Homelab(emulator, homelab_spec(), time_scale=0)
+        homelab.seed()
+        labels = {names.LABEL_NODE: "m2", names.LABEL_JOB_TYPE: "startup"}
+        emulator.put_object("batch/v1", "jobs", {"metadata": {"name": "j", "labels": labels}}, NS)
+        homelab.close()
+        node = emulator.get_object("v1", "nodes", None, "m2.lan")
+        assert node is not None
+        ready = next(c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready")
+        return homelab.power("m2"), ready
+
+    with EmulatorServer() as srv:
+        assert srv.call(drive) == ("on", "True")

@@ -1,0 +1,396 @@
+"""The claim lifecycle, one test per behaviour: time-skipping Temporal, real activities, the simulated homelab.
+
+No watcher runs here: every claim reaches its end through its own timer-driven reads, which is also the proof
+that a lost signal only costs latency.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from api import contracts as c
+from api.names import MAX_CONSECUTIVE_ATTEMPTS
+from homelab_autoscaler.sim.emulator import Fault
+from tests.lab import NS, Lab, homelab, open_lab
+from workflows.group.workflow import GroupWorkflow
+
+MIN = 60.0
+
+
+def slot(name: str, **faults: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": name}
+    on = faults.pop("initially_on", False)
+    if faults:
+        doc["faults"] = faults
+    if on:
+        doc["initiallyOn"] = True
+    return doc
+
+
+async def one_claim(lab: Lab) -> str:
+    await lab.start_group()
+    assert await lab.increase(1) == 1
+    names = await lab.claim_names()
+    assert len(names) == 1
+    return names[0]
+
+
+def job_creates(lab: Lab) -> list[Any]:
+    return [r for r in lab.lab.emulator.requests if r.plural == "jobs" and r.verb == "create"]
+
+
+# --- boots -------------------------------------------------------------------------------------------------
+async def test_boot_ends_ready() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert st["attempt"] == 1
+        res = lab.claim_resource(name)
+        assert res is not None
+        assert res["status"]["phase"] == "ready"
+        assert "deadlineAt" not in res["spec"]
+        assert "infra.homecluster.dev/claim" in res["metadata"]["finalizers"]
+        node = lab.node("s1")
+        assert node is not None and not node["spec"].get("unschedulable")
+        assert node["spec"]["providerID"] == f"homelab://{NS}/s1"
+        assert [j["metadata"]["name"] for j in lab.jobs("s1")] == [f"{name}-startup"]
+        reasons = [e["reason"] for e in lab.events(name)]
+        assert reasons[:3] == ["ClaimCreated", "ClaimBooting", "ClaimReady"]
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 1
+        instances = await lab.group().query(GroupWorkflow.instances)
+        assert [(i.slot, i.state) for i in instances] == [("s1", "running")]
+        await lab.record("boot_ends_ready")
+
+
+async def test_startup_job_failed() -> None:
+    async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=3 * MIN)
+        assert st["reason"] == "StartupJobFailed"
+        instances = await lab.group().query(GroupWorkflow.instances)
+        assert instances[0].error_code == "startup-job-failed"
+        assert (await lab.snapshot())["targetSize"] == 0
+        await lab.record("startup_job_failed")
+
+
+async def test_startup_job_timed_out() -> None:
+    async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=8 * MIN, step=30)
+        assert st["reason"] == "StartupJobTimeout"
+        await lab.record("startup_job_timed_out")
+
+
+async def test_node_never_registers() -> None:
+    async with open_lab(homelab([slot("s1", neverBoots=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        st = await lab.wait_phase(name, "failed", within=4 * MIN, step=10)
+        assert st["reason"] == "ReadinessGateTimeout"
+        assert "did not register" in st["message"]
+        await lab.record("node_never_registers")
+
+
+async def test_readiness_gate_times_out_then_forced_shutdown_and_next_attempt() -> None:
+    async with open_lab(homelab([slot("s1", taintNeverClears=True)])) as lab:
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=8 * MIN, step=15)
+        assert st["reason"] == "ReadinessGateTimeout"
+        assert _uncordoned_before_cordoned(lab, "s1"), "uncordoned anyway, before the forced shutdown cordons it"
+        assert any(e["reason"] == "ReadinessGateTimeout" for e in lab.events("s1"))
+        # The failed claim is not a want: its machine is shut down and verified off.
+        await lab.until(lambda: lab.lab.power("s1") == "off", within=6 * MIN, what="forced shutdown")
+        assert any(j["metadata"]["labels"]["type"] == "shutdown" for j in lab.jobs("s1"))
+        st = await lab.until(
+            lambda: _status_if(lab, name, lambda s: _cond(s, "MachineObservedOff")), within=3 * MIN, what="off"
+        )
+        # The next claim on the slot is attempt 2.
+        await lab.until(lambda: _slot_free(lab, "s1"), within=3 * MIN, what="slot free")
+        assert await lab.increase(1) == 1
+        second = [n for n in await lab.claim_names() if n != name]
+        assert (await lab.status(second[0]))["attempt"] == 2
+        await lab.record("readiness_gate_times_out")
+
+
+# --- deadlines and attempts --------------------------------------------------------------------------------
+async def test_deadline_exceeded_while_pending() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=15 * MIN, step=30)
+        assert st["reason"] == "DeadlineExceeded"
+        assert lab.jobs("s1") == []
+        await lab.record("deadline_exceeded_while_pending")
+
+
+async def test_deadline_exceeded_while_booting_then_forced_shutdown() -> None:
+    async with open_lab(homelab([slot("s1", taintNeverClears=True)])) as lab:
+        # The API server refuses Job creation for about nine minutes: the boot starts late, and its readiness
+        # gate is still open when the 12m10s deadline passes, with the machine up.
+        lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=14)
+        )
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=12 * MIN, step=30)
+        st = await lab.wait_phase(name, "failed", within=6 * MIN, step=15)
+        assert st["reason"] == "DeadlineExceeded"
+        await lab.until(lambda: lab.lab.power("s1") == "off", within=6 * MIN, what="forced shutdown")
+        await lab.record("deadline_exceeded_while_booting")
+
+
+async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
+    async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
+        await lab.start_group()
+        names: list[str] = []
+        for attempt in range(1, MAX_CONSECUTIVE_ATTEMPTS + 2):
+            await lab.until(lambda: _slot_free(lab, "s1"), within=5 * MIN, what="slot free")
+            await lab.increase(1)
+            name = next(n for n in await lab.claim_names() if n not in names)
+            names.append(name)
+            st = await lab.wait_phase(name, "failed", within=3 * MIN)
+            assert st["attempt"] == attempt
+        assert st["reason"] == "AttemptLimitExceeded"
+        assert len([j for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "startup"]) == 3
+        await lab.record("attempt_limit")
+
+
+async def test_deadline_cleared_on_ready() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        await lab.advance(40 * MIN)
+        st = await lab.status(name)
+        assert st["phase"] == "ready" and st["deadlineAt"] is None
+        await lab.record("deadline_cleared_on_ready")
+
+
+# --- scale-down --------------------------------------------------------------------------------------------
+async def test_cancel_a_pending_claim() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+        name = await one_claim(lab)
+        assert await lab.phase(name) == "pending"
+        assert await lab.group().execute_update(GroupWorkflow.decrease_target_size, -1) == 0
+        await lab.until(lambda: lab.claim_resource(name) is None, within=2 * MIN, what="claim deleted")
+        assert (await lab.snapshot())["targetSize"] == 0
+        await lab.record("cancel_pending")
+
+
+async def test_decrease_refuses_a_booting_claim() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        with pytest.raises(WorkflowUpdateFailedError):
+            await lab.group().execute_update(GroupWorkflow.decrease_target_size, -1)
+        assert (await lab.snapshot())["targetSize"] == 1
+
+
+async def test_delete_a_booting_claim_is_reversed_then_completed() -> None:
+    async with open_lab(homelab([slot("s1", taintNeverClears=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        assert lab.lab.power("s1") == "on"
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, [f"homelab://{NS}/s1"]) == 0
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["reason"] == "NodeDeleted"
+        assert lab.lab.power("s1") == "off"
+        res = lab.claim_resource(name)
+        assert res is not None and not res["metadata"].get("finalizers")
+        await lab.record("delete_booting")
+
+
+async def test_scale_down_of_a_ready_claim() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        instances = await lab.group().query(GroupWorkflow.instances)
+        assert [i.state for i in instances] == ["deleting"]
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["reason"] == "NodeDeleted" and st["shutdownAttempts"] == 1
+        assert _cond(st, "MachineObservedOff")
+        node = lab.node("s1")
+        assert node is not None and node["spec"].get("unschedulable") is True
+        assert sorted(j["metadata"]["labels"]["type"] for j in lab.jobs("s1")) == ["shutdown", "startup"]
+        await lab.record("scale_down_ready")
+
+
+async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:
+    async with open_lab(homelab([slot("s1", shutdownDoesNothing=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        await lab.until(
+            lambda: _status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
+            within=25 * MIN,
+            step=30,
+            what="three shutdown attempts",
+        )
+        await lab.until(
+            lambda: any(e["reason"] == "ShutdownAttemptLimitReached" for e in lab.events(name)),
+            within=5 * MIN,
+            step=30,
+            what="the pause is reported",
+        )
+        await lab.advance(10 * MIN)
+        assert (await lab.status(name))["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS, "paused"
+        assert await lab.phase(name) == "ready"
+        # After the 30-minute grace the streak restarts by itself.
+        await lab.until(
+            lambda: _status_if(lab, name, lambda s: s["shutdownAttempts"] == 1), within=40 * MIN, step=60, what="resume"
+        )
+        await lab.until(
+            lambda: _status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
+            within=25 * MIN,
+            step=30,
+            what="spent again",
+        )
+        # The reset Update resumes it at once, and with the script fixed the machine goes off.
+        lab.lab.set_fault("s1", "shutdownDoesNothing", False)
+        assert await lab.claim(name).execute_update("reset_shutdown_streak", result_type=int) == 3
+        st = await lab.wait_phase(name, "completed", within=10 * MIN, step=15)
+        assert st["reason"] == "NodeDeleted"
+        await lab.record("shutdown_streak")
+
+
+# --- liveness ----------------------------------------------------------------------------------------------
+async def test_machine_gone_short_flap_keeps_the_claim_long_outage_fails_it() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        lab.lab.die("s1")
+        await lab.until(
+            lambda: _status_if(lab, name, lambda s: _cond(s, "MachineObservedOff")), within=6 * MIN, what="seen off"
+        )
+        lab.lab.power_on_by_hand("s1")
+        await lab.until(
+            lambda: _status_if(lab, name, lambda s: not _cond(s, "MachineObservedOff")), within=6 * MIN, what="back"
+        )
+        assert await lab.phase(name) == "ready"
+        lab.lab.die("s1")
+        st = await lab.wait_phase(name, "failed", within=25 * MIN, step=60)
+        assert st["reason"] == "MachineGone"
+        await lab.record("machine_gone")
+
+
+async def test_two_live_claims_on_one_slot_newest_wins() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        first = await one_claim(lab)
+        await lab.wait_phase(first, "ready", within=3 * MIN)
+        res = lab.claim_resource(first)
+        assert res is not None
+        second = "s1-by-hand"
+        body = {
+            "apiVersion": "infra.homecluster.dev/v2alpha1",
+            "kind": "NodeClaim",
+            "metadata": {"name": second, "namespace": NS},
+            "spec": {**res["spec"], "requestedAt": "2099-01-01T00:00:00Z", "call": "Manual"},
+        }
+        lab.lab.call(lambda h: h.emulator.put_object("infra.homecluster.dev/v2alpha1", "nodeclaims", body, NS))
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase(first, "failed", within=2 * MIN, step=5)
+        assert st["reason"] == "Superseded"
+        assert await lab.phase(second) in ("booting", "ready")
+        assert lab.lab.power("s1") == "on", "the machine is handed over, not powered off"
+        await lab.record("superseded")
+
+
+async def test_adoption_of_a_running_machine() -> None:
+    async with open_lab(homelab([slot("s1", initially_on=True), slot("s2")])) as lab:
+        await lab.start_group()
+        names = await lab.until(lambda: lab.claim_names(), within=MIN, step=5, what="adopted claim")
+        st = await lab.status(names[0])
+        assert (st["phase"], st["reason"], st["call"], st["slot"]) == ("ready", "Adopted", "Adopted", "s1")
+        assert lab.lab.power("s1") == "on"
+        assert [j for j in lab.jobs() if j["metadata"]["labels"]["type"] == "shutdown"] == []
+        assert (await lab.snapshot())["targetSize"] == 1
+        await lab.record("adoption")
+
+
+async def test_law_3_release_of_a_machine_on_with_no_claim() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        lab.lab.power_on_by_hand("s1")
+        observation = c.Observation(power="on", usable=False, exists=True, gate_open=True, observed_at=_now())
+        await lab.group().signal(GroupWorkflow.observe_slot, c.SlotObservation("s1", observation))
+        lab.extra_history_ids = (c.release_workflow_id(NS, "s1"),)
+        await lab.until(lambda: lab.lab.power("s1") == "off", within=5 * MIN, what="released")
+        release_jobs = [j for j in lab.jobs("s1") if "-release-" in j["metadata"]["name"]]
+        assert len(release_jobs) == 1
+        owners = release_jobs[0]["metadata"]["ownerReferences"]
+        assert [o["kind"] for o in owners] == ["Node"]
+        await lab.record("law3_release")
+
+
+# --- durability --------------------------------------------------------------------------------------------
+async def test_a_retried_job_creation_never_makes_a_second_job() -> None:
+    async with open_lab(homelab([slot("s1")]), kube_timeout=0.5) as lab:
+        # The first create is applied after the client gave up: the retry must find it, not make another.
+        lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=None, delay=1.0, times=1)
+        )
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert len(job_creates(lab)) >= 2
+        assert len(lab.jobs("s1")) == 1
+        await lab.record("job_retry")
+
+
+async def test_a_lost_signal_only_delays_the_claim() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        # No watcher signals anything: the Job monitor's 30-second read and the gate's reads carry the claim.
+        await lab.advance(20)
+        assert await lab.phase(name) == "booting"
+        await lab.wait_phase(name, "ready", within=2 * MIN, step=10)
+
+
+async def test_a_signal_moves_the_claim_before_its_poll() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.until(lambda: _status_if(lab, name, lambda s: s["phase"] == "booting"), within=10, step=1)
+        await lab.claim(name).signal("job_finished", c.JobFinished(f"{name}-startup", True))
+        await lab.wait_phase(name, "ready", within=20, step=1)
+
+
+# --- helpers -----------------------------------------------------------------------------------------------
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _uncordoned_before_cordoned(lab: Lab, node: str) -> bool:
+    """The node writes in order: an uncordon (unschedulable cleared) comes before any cordon."""
+    writes = [
+        (r.body or {}).get("spec", {}).get("unschedulable", "unset")
+        for r in lab.lab.emulator.requests
+        if r.plural == "nodes" and r.group in ("", None) and r.name == node and r.verb == "patch"
+    ]
+    marks = [w for w in writes if w != "unset"]
+    return bool(marks) and marks[0] is None
+
+
+def _cond(status: dict[str, Any], kind: str) -> bool:
+    return any(cd["type"] == kind and cd["status"] == "True" for cd in status.get("conditions") or [])
+
+
+async def _status_if(lab: Lab, name: str, pred: Any) -> dict[str, Any] | None:
+    st = await lab.status(name)
+    return st if pred(st) else None
+
+
+async def _slot_free(lab: Lab, slot_name: str) -> bool:
+    snap = await lab.snapshot()
+    s = snap["slots"][slot_name]
+    return not (s["liveClaim"] or s["drainingClaim"] or s["releasing"])
