@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds clean
+.PHONY: test run lint typecheck unit crds histories clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: lint typecheck unit
 
 crds: $(STAMP)
 	$(BIN)/python -m api.crds
+
+# Re-record tests/histories/ (only for an intended, drained incompatibility: see tests/test_replay.py).
+histories: $(STAMP)
+	rm -f tests/histories/*.json
+	HOMELAB_RECORD_HISTORIES=1 $(BIN)/pytest -q tests/test_workflows.py
 
 run: $(STAMP)
 	$(BIN)/homelab-autoscaler dev --simulate

@@ -24,7 +24,7 @@ from activities.jobs import build_job, pod_spec_field
 from api import contracts as c
 from api import names
 from api.names import JobType
-from api.v2alpha1 import Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
+from api.v2alpha1 import ClaimDigest, Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
 from kube.adapter import CLAIMS, GROUPS, SLOTS, Kube, ObjectRef
 from kube.errors import Invalid, NotFound
 from workflows import law
@@ -456,7 +456,14 @@ class KubeActivities:
             )
             # Positional: the report's history fields are only read here, and are written by one module alone.
             views.append(
-                c.SlotView(slot_name, node_name, observation, int(_status(slot).get("activationsLast24H") or 0), pid)
+                c.SlotView(
+                    slot_name,
+                    node_name,
+                    observation,
+                    int(_status(slot).get("activationsLast24H") or 0),
+                    pid,
+                    last_claim_of(slot_name, _status(slot).get("lastClaim")),
+                )
             )
             ready = observation.power == names.PowerState.ON
             if node is not None and (template is None or (ready and not template_ready)):
@@ -492,4 +499,29 @@ def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView:
         deadline_at=_time(spec.get("deadlineAt")),
         finished_at=_time(status.get("finishedAt")),
         reason=str(status.get("reason") or ""),
+    )
+
+
+def last_claim_of(slot: str, doc: Any) -> c.ClaimDigest | None:
+    """Node.status.lastClaim as the group keeps it: what seeds the next attempt and rules out adoption."""
+    if not isinstance(doc, dict) or not doc.get("name"):
+        return None
+    try:
+        digest = ClaimDigest.model_validate(doc)
+    except ValidationError:
+        log.warning("slot %s: unreadable status.lastClaim ignored", slot)
+        return None
+    return c.ClaimDigest(
+        name=digest.name,
+        slot=slot,
+        group=digest.group or "",
+        phase=str(digest.phase or "pending"),
+        attempt=digest.attempt or 1,
+        call=str(digest.call or ""),
+        reason=str(digest.reason or ""),
+        requested_at=digest.requested_at,
+        deadline_at=digest.deadline_at,
+        finished_at=digest.finished_at,
+        machine_off=True,
+        workflow_done=True,
     )

@@ -1,0 +1,66 @@
+"""Every recorded history must keep replaying: a change to a workflow's command sequence that is not behind
+`workflow.patched()` fails here before it can break a running claim after an upgrade.
+
+Record them again with `make histories` only when a change is meant to be incompatible (and old workflows
+have been drained); a patched change must replay the old histories as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
+
+import workflows.claim.workflow as claim_module
+from api import contracts as c
+from homelab_autoscaler.temporal import DATA_CONVERTER, sandbox_runner
+from workflows.claim.runtime import ClaimRuntime
+from workflows.registry import WORKFLOWS
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+def histories() -> list[WorkflowHistory]:
+    files = sorted(HISTORIES.glob("*.json"))
+    return [WorkflowHistory.from_json(f.stem, f.read_text()) for f in files]
+
+
+def test_histories_are_recorded() -> None:
+    found = histories()
+    assert len(found) >= 20, "record them with `make histories`"
+    types = {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in found}
+    assert types == {"GroupWorkflow", "NodeClaimWorkflow", "ReleaseWorkflow"}
+
+
+async def test_every_recorded_history_replays() -> None:
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=sandbox_runner())
+    for history in histories():
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, f"{history.workflow_id}: {result.replay_failure}"
+
+
+async def test_a_changed_transition_without_a_patch_fails_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay test can fail: a launch that stops adding the finalizer before the startup Job is caught."""
+
+    async def launch_without_finalizer(rt: ClaimRuntime) -> None:
+        s = rt.s
+        job = c.job_name(s.seed.name, "startup", 1)
+        await rt.write(
+            c.Act.CREATE_JOB, c.JobRequest(s.seed.namespace, s.seed.slot, "startup", 1, s.seed.name, job), job
+        )
+        s.startup_job = job
+        await rt.move(claim_module.ClaimPhase.BOOTING, message=f"startup Job {job} created")
+
+    monkeypatch.setattr(claim_module, "launch", launch_without_finalizer)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=UnsandboxedWorkflowRunner())
+    booted = [h for h in histories() if h.workflow_id.startswith("boot_ends_ready") and _is_claim(h)]
+    assert booted
+    result = await replayer.replay_workflow(booted[0], raise_on_replay_failure=False)
+    assert isinstance(result.replay_failure, workflow.NondeterminismError), result.replay_failure
+
+
+def _is_claim(h: WorkflowHistory) -> bool:
+    return h.events[0].workflow_execution_started_event_attributes.workflow_type.name == "NodeClaimWorkflow"

@@ -1,0 +1,116 @@
+"""`homelab-autoscaler worker` as people run it: a real process against a Temporal dev server and the
+simulated homelab served over HTTP, driving a claim from IncreaseSize to ready."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.common import SearchAttributeKey
+from temporalio.testing import WorkflowEnvironment
+
+from api import contracts as c
+from homelab_autoscaler.temporal import DATA_CONVERTER
+from tests.procs import BIN, free_port, port_open, process, wait_for
+from workflows.group.workflow import GroupWorkflow
+
+NS = "homelab-autoscaler-system"
+SEARCH_ATTRIBUTES = [
+    SearchAttributeKey.for_int(n) if kind == "Int" else SearchAttributeKey.for_keyword(n)
+    for n, kind in c.SEARCH_ATTRIBUTES.items()
+]
+
+
+@pytest.fixture
+async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        search_attributes=SEARCH_ATTRIBUTES,
+        data_converter=DATA_CONVERTER,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnvironment, tmp_path: Path) -> None:
+    port = free_port()
+    address = dev_server.client.service_client.config.target_host
+    sim = [str(BIN / "python"), "-m", "homelab_autoscaler.sim", "--port", str(port), "--time-scale", "0"]
+    worker = [
+        str(BIN / "homelab-autoscaler"),
+        "worker",
+        "--temporal-address",
+        address,
+        "--kube-server",
+        f"http://127.0.0.1:{port}",
+    ]
+    with process(sim, log=tmp_path / "sim.log"), process(worker, log=tmp_path / "worker.log") as proc:
+        wait_for(lambda: port_open(port), timeout=20, what="the simulated homelab's API server")
+        group = await dev_server.client.start_workflow(
+            GroupWorkflow.run,
+            args=[c.GroupRef(NS, "workers"), None],
+            id=c.group_workflow_id(NS, "workers"),
+            task_queue=c.TASK_QUEUE,
+        )
+        assert await group.execute_update(GroupWorkflow.increase_size, 1) == 1
+        snap = await group.query(GroupWorkflow.snapshot)
+        (name,) = snap["claims"]
+        claim = dev_server.client.get_workflow_handle(c.claim_workflow_id(NS, name))
+        # Stand in for the Job watcher (it arrives with the watchers): say the startup Job finished.
+        cfg = k8s.Configuration()
+        cfg.host = f"http://127.0.0.1:{port}"
+        with k8s.ApiClient(cfg) as api:
+            batch = k8s.BatchV1Api(api)
+            for _ in range(100):
+                jobs = batch.list_namespaced_job(NS, label_selector=f"infra.homecluster.dev/nodeclaim={name}")
+                if jobs.items:
+                    break
+                await asyncio.sleep(0.1)
+            assert jobs.items, "the worker created no startup Job"
+        await claim.signal("job_finished", c.JobFinished(f"{name}-startup", True))
+        for _ in range(150):
+            status = await claim.query("status")
+            if status["phase"] == "ready":
+                break
+            await asyncio.sleep(0.2)
+        assert status["phase"] == "ready", status
+        assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+        desc = await claim.describe()
+        assert desc.typed_search_attributes.get(SearchAttributeKey.for_keyword(c.SA_PHASE)) == "ready"
+        assert await desc.static_summary() == f"claim {name} for slot {status['slot']} in group workers, attempt 1"
+
+
+async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path) -> None:
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=str(BIN / "temporal"))
+    try:
+        address = env.client.service_client.config.target_host
+        worker = [
+            str(BIN / "homelab-autoscaler"),
+            "worker",
+            "--temporal-address",
+            address,
+            "--kube-server",
+            "http://127.0.0.1:9",
+        ]
+        with process(worker, log=tmp_path / "worker.log") as proc:
+            assert await asyncio.to_thread(proc.wait, 60) == 2
+        out = (tmp_path / "worker.log").read_text()
+        assert "search attributes missing" in out and "temporal operator search-attribute create" in out
+    finally:
+        await env.shutdown()
+
+
+def test_a_bad_setting_is_one_clear_line(tmp_path: Path) -> None:
+    import subprocess
+
+    res = subprocess.run(
+        [str(BIN / "homelab-autoscaler"), "worker", "--log-level", "LOUD"], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0
+    assert "log_level" in res.stderr
