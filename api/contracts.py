@@ -111,6 +111,7 @@ class ClaimSeed:
     phase: str = "pending"
     reason: str = ""
     create_resource: bool = True
+    reads_per_run: int = 500  # liveness reads before a ready claim continues as new (about 41 h at one per 5 min)
 
 
 @dataclass(frozen=True)

@@ -394,3 +394,100 @@ async def _slot_free(lab: Lab, slot_name: str) -> bool:
     snap = await lab.snapshot()
     s = snap["slots"][slot_name]
     return not (s["liveClaim"] or s["drainingClaim"] or s["releasing"])
+
+
+# --- long lives: continue-as-new, collection, restarts -------------------------------------------------------
+async def test_group_continues_as_new_and_keeps_its_claims() -> None:
+    from workflows.group.state import GroupState
+
+    async with open_lab(homelab([slot("s1"), slot("s2"), slot("s3")])) as lab:
+        first = await lab.client.start_workflow(
+            GroupWorkflow.run,
+            args=[c.GroupRef(NS, "g"), GroupState(NS, "g", updates_per_run=2)],
+            id=c.group_workflow_id(NS, "g"),
+            task_queue=c.TASK_QUEUE,
+        )
+        first_run = first.result_run_id
+        assert await lab.increase(1) == 1
+        assert await lab.increase(1) == 2
+
+        async def new_run() -> bool:
+            return (await lab.group().describe()).run_id != first_run
+
+        await lab.until(new_run, within=MIN, step=1, what="continued as new")
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 2 and len(snap["claims"]) == 2
+        assert await lab.increase(1) == 3
+        for name in await lab.claim_names():
+            await lab.wait_phase(name, "ready", within=3 * MIN)
+        await lab.record("group_continue_as_new")
+
+
+async def test_ready_claim_continues_as_new_and_keeps_serving() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        await lab.start_group()
+        now = await lab.env.get_current_time()
+        seed = c.ClaimSeed(NS, "s1-long", "s1", "g", "Manual", 1, now, None, 730.0, 3600, reads_per_run=2)
+        handle = await lab.client.start_workflow(
+            "NodeClaimWorkflow", args=[seed, None], id=c.claim_workflow_id(NS, "s1-long"), task_queue=c.TASK_QUEUE
+        )
+        first_run = handle.result_run_id
+        await lab.wait_phase("s1-long", "ready", within=3 * MIN)
+
+        async def new_run() -> bool:
+            return (await lab.claim("s1-long").describe()).run_id != first_run
+
+        await lab.until(new_run, within=30 * MIN, step=60, what="continued as new")
+        assert await lab.phase("s1-long") == "ready"
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        st = await lab.wait_phase("s1-long", "completed", within=5 * MIN, step=10)
+        assert st["reason"] == "NodeDeleted"
+        await lab.record("claim_continue_as_new")
+
+
+async def test_ttl_collects_a_finished_claim_and_ends_its_workflow() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        await lab.advance(50 * MIN)
+        assert lab.claim_resource(name) is not None, "kept until the TTL"
+        await lab.until(lambda: lab.claim_resource(name) is None, within=15 * MIN, step=60, what="collected")
+        digest = await lab.client.get_workflow_handle(c.claim_workflow_id(NS, name), result_type=c.ClaimDigest).result()
+        assert digest.workflow_done and digest.phase == "completed"
+        await lab.until(lambda: _no_claims(lab), within=MIN, step=5, what="the group forgot the claim")
+        lab.extra_history_ids = (c.claim_workflow_id(NS, name),)
+        await lab.record("ttl_collection")
+
+
+async def test_a_machine_on_in_a_used_slot_is_released_not_adopted() -> None:
+    async with open_lab(homelab([slot("s1", initially_on=True)])) as lab:
+        _seed_last_claim(lab, "s1", phase="completed", attempt=1)
+        await lab.start_group()
+        lab.extra_history_ids = (c.release_workflow_id(NS, "s1"),)
+        await lab.until(lambda: lab.lab.power("s1") == "off", within=5 * MIN, what="released")
+        assert await lab.claim_names() == []
+        await lab.record("used_slot_released")
+
+
+async def test_attempts_are_seeded_from_the_slot_after_a_restart() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=MIN)
+        assert (st["attempt"], st["reason"]) == (MAX_CONSECUTIVE_ATTEMPTS + 1, "AttemptLimitExceeded")
+        assert lab.jobs("s1") == []
+
+
+def _seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> None:
+    last = {"name": f"{slot_name}-old", "phase": phase, "attempt": attempt, "group": "g", "call": "IncreaseSize"}
+    lab.lab.call(
+        lambda h: h.emulator.patch_object(
+            "infra.homecluster.dev/v2alpha1", "nodes", NS, slot_name, {"status": {"lastClaim": last}}, "status"
+        )
+    )
+
+
+async def _no_claims(lab: Lab) -> bool:
+    return not (await lab.snapshot())["claims"]

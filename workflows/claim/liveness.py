@@ -25,6 +25,8 @@ async def serve(rt: ClaimRuntime) -> bool:
     while s.phase == ClaimPhase.READY and not s.marked and not s.abandoned:
         if workflow.info().is_continue_as_new_suggested():
             return True
+        if s.liveness_reads >= s.seed.reads_per_run and workflow.patched("claim-continue-after-liveness-reads"):
+            return True
         now = rt.now()
         if not s.power_on:
             if s.observed_off_since is None:
@@ -61,5 +63,6 @@ async def serve(rt: ClaimRuntime) -> bool:
             LIVENESS_READ_INTERVAL,
             "liveness read",
         ):
+            s.liveness_reads += 1
             await rt.observe_now()
     return False

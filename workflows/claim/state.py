@@ -45,6 +45,7 @@ class ClaimState:
     committed: bool = False
     finalizer: bool = False
     continued: int = 0
+    liveness_reads: int = 0
 
     @classmethod
     def from_seed(cls, seed: ClaimSeed) -> ClaimState:
@@ -134,7 +135,7 @@ class ClaimState:
 
     def carried(self) -> ClaimState:
         """The state handed to the next run: the handled-job log is kept small."""
-        return replace(self, continued=self.continued + 1)
+        return replace(self, continued=self.continued + 1, liveness_reads=0)
 
 
 def _ts(when: datetime | None) -> str | None:

@@ -71,6 +71,7 @@ class GroupState:
     inbox: list[c.SlotObservation] = field(default_factory=list)
     reload_requested: bool = False
     updates: int = 0
+    updates_per_run: int = 1000  # well below Temporal's 2000 Updates per run: a burst never meets the limit
     claim_counter: int = 0
 
     # --- derived -----------------------------------------------------------------------------------------

@@ -26,8 +26,6 @@ from workflows.verbs import Verbs
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
 RELOAD_INTERVAL = timedelta(minutes=10)
-# Well below Temporal's 2000 Updates per run, so a burst never meets the limit.
-UPDATES_PER_RUN = 1000
 # How long a deleted group waits for its claims to release their machines before it ends.
 WIND_DOWN_TIMEOUT = timedelta(hours=2)
 
@@ -56,7 +54,7 @@ class GroupWorkflow(Verbs):
         while True:
             self.details(f"{s.target_size()} claims wanted of max {s.max_size}; watching {len(s.slots)} slots")
             woke = await self.wait(
-                lambda: s.reload_requested or bool(s.inbox) or bool(self.outbox),
+                lambda: s.reload_requested or bool(s.inbox) or bool(self.outbox) or self.should_continue(),
                 RELOAD_INTERVAL,
                 "periodic reload of the group",
             )
@@ -70,9 +68,13 @@ class GroupWorkflow(Verbs):
             if s.loaded and not s.exists:
                 await self.wind_down()
                 return
-            if workflow.info().is_continue_as_new_suggested() or s.updates >= UPDATES_PER_RUN:
+            if self.should_continue():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[ref, s])
+
+    def should_continue(self) -> bool:
+        """Continue as new when Temporal suggests it, or well before the per-run Update limit."""
+        return workflow.info().is_continue_as_new_suggested() or self.s.updates >= self.s.updates_per_run
 
     # --- reading the group from Kubernetes ---------------------------------------------------------------
     async def reload(self) -> None:
