@@ -75,6 +75,9 @@ async def test_startup_job_failed() -> None:
         instances = await lab.group().query(GroupWorkflow.instances)
         assert instances[0].error_code == "startup-job-failed"
         assert (await lab.snapshot())["targetSize"] == 0
+        # cluster-autoscaler deletes the instance it saw fail: the error is forgotten, nothing else changes.
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, [instances[0].id]) == 0
+        assert await lab.group().query(GroupWorkflow.instances) == []
         await lab.record("startup_job_failed")
 
 

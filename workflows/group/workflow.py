@@ -368,6 +368,9 @@ class GroupWorkflow(Verbs):
         for node in nodes:
             book = self.s.slot_of(node)
             d = self.s.claims.get(book.live_claim) if book is not None and book.live_claim else None
+            if d is None and book is not None:
+                # cluster-autoscaler deleting an instance it saw fail: the failure has been heard; forget it.
+                self.s.failures = [f for f in self.s.failures if f.slot != book.name]
             if d is None or d.marked:
                 continue
             self.s.remember(_marked(d))
