@@ -84,6 +84,7 @@ class ClaimRuntime(Verbs):
         *,
         warning: bool = False,
         spec: dict[str, Any] | None = None,
+        summary: str = "",
     ) -> None:
         """Write the claim's status (and an Event after it landed); nothing when the resource is gone."""
         if self.s.resource_gone:
@@ -100,7 +101,7 @@ class ClaimRuntime(Verbs):
                 event_message=message,
                 warning=warning,
             ),
-            f"record {self.s.phase} on claim {seed.name}",
+            summary or f"record {self.s.phase} on claim {seed.name}",
         )
 
     def search_attributes(self) -> None:
@@ -142,7 +143,9 @@ class ClaimRuntime(Verbs):
         return self.s.seed.name
 
     async def on_attempt(self, job: str) -> None:
-        await self.project()
+        await self.project(
+            summary=f"record shutdown attempt {self.s.book.attempts} ({job}) on claim {self.s.seed.name}"
+        )
 
     async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
-        await self.project(reason, message, warning=warning)
+        await self.project(reason, message, warning=warning, summary=f"record {reason} on claim {self.s.seed.name}")
