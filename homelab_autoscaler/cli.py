@@ -29,15 +29,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _worker(settings: Settings) -> int:
-    from temporalio.client import Client
-
     from activities import KubeActivities
-    from homelab_autoscaler.temporal import DATA_CONVERTER, build_worker, missing_search_attributes
+    from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
     from kube.adapter import Kube
 
-    client = await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=DATA_CONVERTER
-    )
+    client = await connect(settings)
     missing = await missing_search_attributes(client, settings.temporal_namespace)
     if missing:
         hint = "; ".join(
@@ -87,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--kubeconfig", dest="kubeconfig")
     worker.add_argument("--kube-context", dest="kube_context")
     worker.add_argument("--log-level", dest="log_level")
+    worker.add_argument("--metrics-address", dest="metrics_address")
     for name, what in MISSING.items():
         p = sub.add_parser(name, help=what)
         p.add_argument("--simulate", action="store_true", help="use the simulated homelab")

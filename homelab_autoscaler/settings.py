@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.contracts import TASK_QUEUE
@@ -17,6 +17,14 @@ class Settings(BaseSettings):
 
     temporal_address: str = Field("127.0.0.1:7233", description="host:port of the Temporal frontend")
     temporal_namespace: str = Field("default", min_length=1)
+    temporal_tls_ca: Path | None = Field(None, description="CA bundle that signs the Temporal frontend's certificate")
+    temporal_tls_cert: Path | None = Field(None, description="client certificate for mTLS to Temporal")
+    temporal_tls_key: Path | None = Field(None, description="client key for mTLS to Temporal")
+    temporal_tls_server_name: str | None = None
+    temporal_api_key: str | None = Field(None, description="API key for Temporal Cloud or a gateway (implies TLS)")
+    metrics_address: str | None = Field(
+        "127.0.0.1:9464", description="host:port of the Prometheus /metrics endpoint (empty to disable)"
+    )
     task_queue: str = Field(TASK_QUEUE, min_length=1)
     kube_server: str | None = Field(None, description="API server URL (the emulator); else in-cluster or kubeconfig")
     kubeconfig: Path | None = None
@@ -24,3 +32,13 @@ class Settings(BaseSettings):
     kube_timeout_seconds: float = Field(10.0, gt=0, le=120)
     activity_threads: int = Field(16, ge=1, le=256)
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if (self.temporal_tls_cert is None) != (self.temporal_tls_key is None):
+            raise ValueError("temporal_tls_cert and temporal_tls_key go together (mTLS needs both)")
+        for name in ("temporal_tls_ca", "temporal_tls_cert", "temporal_tls_key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        return self

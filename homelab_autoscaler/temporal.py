@@ -9,18 +9,56 @@ from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from api.contracts import SEARCH_ATTRIBUTES, TASK_QUEUE
+from homelab_autoscaler.settings import Settings
 from workflows.registry import WORKFLOWS
 
 log = logging.getLogger(__name__)
 
 DATA_CONVERTER = pydantic_data_converter
 _INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+
+
+_RUNTIMES: dict[str, Runtime] = {}
+
+
+def runtime_for(metrics_address: str | None) -> Runtime | None:
+    """One SDK runtime per process and metrics address: it serves /metrics for the SDK and the operator."""
+    if not metrics_address:
+        return None
+    if metrics_address not in _RUNTIMES:
+        _RUNTIMES[metrics_address] = Runtime(
+            telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_address, durations_as_seconds=True))
+        )
+    return _RUNTIMES[metrics_address]
+
+
+async def connect(settings: Settings) -> Client:
+    """A client with the operator's data converter, TLS/mTLS or an API key when configured, and metrics."""
+    tls: TLSConfig | bool = False
+    if settings.temporal_tls_ca or settings.temporal_tls_cert:
+        tls = TLSConfig(
+            server_root_ca_cert=settings.temporal_tls_ca.read_bytes() if settings.temporal_tls_ca else None,
+            client_cert=settings.temporal_tls_cert.read_bytes() if settings.temporal_tls_cert else None,
+            client_private_key=settings.temporal_tls_key.read_bytes() if settings.temporal_tls_key else None,
+            domain=settings.temporal_tls_server_name,
+        )
+    elif settings.temporal_api_key:
+        tls = True
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=DATA_CONVERTER,
+        tls=tls,
+        api_key=settings.temporal_api_key,
+        runtime=runtime_for(settings.metrics_address),
+    )
 
 
 def search_attribute_flags() -> list[str]:

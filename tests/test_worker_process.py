@@ -4,6 +4,8 @@ simulated homelab served over HTTP, driving a claim from IncreaseSize to ready."
 from __future__ import annotations
 
 import asyncio
+import re
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,17 +40,12 @@ async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
 
 
 async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnvironment, tmp_path: Path) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     address = dev_server.client.service_client.config.target_host
     sim = [str(BIN / "python"), "-m", "homelab_autoscaler.sim", "--port", str(port), "--time-scale", "0"]
-    worker = [
-        str(BIN / "homelab-autoscaler"),
-        "worker",
-        "--temporal-address",
-        address,
-        "--kube-server",
-        f"http://127.0.0.1:{port}",
-    ]
+    worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", address,
+              "--kube-server", f"http://127.0.0.1:{port}",
+              "--metrics-address", f"127.0.0.1:{metrics_port}"]  # fmt: skip
     with process(sim, log=tmp_path / "sim.log"), process(worker, log=tmp_path / "worker.log") as proc:
         wait_for(lambda: port_open(port), timeout=20, what="the simulated homelab's API server")
         group = await dev_server.client.start_workflow(
@@ -83,6 +80,11 @@ async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnviro
         desc = await claim.describe()
         assert desc.typed_search_attributes.get(SearchAttributeKey.for_keyword(c.SA_PHASE)) == "ready"
         assert await desc.static_summary() == f"claim {name} for slot {status['slot']} in group workers, attempt 1"
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        assert re.search(r'homelab_claim_moves\{group="workers",[^}]*phase="ready"', metrics), metrics[:3000]
+        assert "homelab_claim_time_to_ready" in metrics
+        assert re.search(r'homelab_jobs\{[^}]*outcome="succeeded"[^}]*type="startup"', metrics)
+        assert "temporal_workflow_completed" in metrics or "temporal_request" in metrics
 
 
 async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from api.names import (
     EventReason,
     JobType,
 )
-from workflows import claims
+from workflows import claims, metrics
 
 # How long a machine may keep reporting Ready after its shutdown Job succeeded: the kubelet's Node stays Ready
 # for node-monitor-grace-period (about 40 s) after a real power-off; twice a kubelet status period on top.
@@ -90,9 +90,12 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
     end = host.now() + JOB_TIMEOUT
     while True:
         if job in book.finished_jobs:
-            return JOB_OUTCOME_SUCCEEDED if book.finished_jobs[job] else JOB_OUTCOME_FAILED
+            outcome = JOB_OUTCOME_SUCCEEDED if book.finished_jobs[job] else JOB_OUTCOME_FAILED
+            metrics.job_finished(job_type, outcome)
+            return outcome
         remaining = end - host.now()
         if remaining <= timedelta(0):
+            metrics.job_finished(job_type, JOB_OUTCOME_TIMEOUT)
             return JOB_OUTCOME_TIMEOUT
         host.details(f"waiting for {job_type} Job {job} (times out at {end:%H:%M:%S})")
         if await host.wait(

@@ -14,7 +14,7 @@ from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
 from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
-from workflows import claims
+from workflows import claims, metrics
 from workflows.claim.state import ClaimState
 from workflows.shutdown import ShutdownBook
 from workflows.verbs import Verbs
@@ -70,6 +70,9 @@ class ClaimRuntime(Verbs):
             if ConditionType.READY in s.conditions:
                 s.set_condition(ConditionType.READY, False, reason or str(target), message, now)
         self.search_attributes()
+        metrics.claim_moved(s.seed.group, str(target), s.reason)
+        if target is ClaimPhase.READY:
+            metrics.claim_ready_after(s.seed.group, now - s.seed.requested_at)
         event = MOVE_EVENTS.get(target, EventReason.CLAIM_CREATED)
         if target is ClaimPhase.FAILED and reason == ClaimReason.SUPERSEDED:
             event = EventReason.CLAIM_SUPERSEDED

@@ -79,6 +79,13 @@ class GroupState:
         """Live claims not marked for deletion: what cluster-autoscaler asked for and still wants."""
         return sum(1 for d in self.claims.values() if law.is_live(d.phase) and not d.marked)
 
+    def phase_counts(self) -> dict[str, int]:
+        """Claims the group tracks, by phase (every phase present, so a gauge drops to zero)."""
+        counts = {str(p): 0 for p in ClaimPhase}
+        for d in self.claims.values():
+            counts[d.phase] = counts.get(d.phase, 0) + 1
+        return counts
+
     def pending(self) -> list[c.ClaimDigest]:
         """Cancellable claims, newest first (DecreaseTargetSize takes these)."""
         found = [d for d in self.claims.values() if d.phase == ClaimPhase.PENDING and not d.marked]

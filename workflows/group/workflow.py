@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from api import contracts as c
 from api.names import ClaimCall, ClaimPhase, ClaimReason
-from workflows import claims, law
+from workflows import claims, law, metrics
 from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose
 from workflows.group.state import GroupState, SlotBook, new_slot
@@ -65,6 +65,7 @@ class GroupWorkflow(Verbs):
             while s.inbox:
                 await self.on_observation(s.inbox.pop(0))
             s.forget_failures(self.now())
+            metrics.group_claims(s.name, s.phase_counts())
             if s.loaded and not s.exists:
                 await self.wind_down()
                 return
