@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds histories clean
+.PHONY: test run lint typecheck unit crds proto histories clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: lint typecheck unit
 
 crds: $(STAMP)
 	$(BIN)/python -m api.crds
+
+proto: $(STAMP)
+	$(BIN)/python -m proto.generate
 
 # Re-record tests/histories/ (only for an intended, drained incompatibility: see tests/test_replay.py).
 histories: $(STAMP)

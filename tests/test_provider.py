@@ -1,0 +1,645 @@
+"""The provider as cluster-autoscaler meets it: every RPC over a real gRPC channel, against the running server,
+the real worker and activities, and the simulated homelab (time-skipping Temporal, see `tests/lab.py`).
+
+Calls carry cluster-autoscaler's default 5 s deadline, so "answers in time" is part of every assertion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2, timestamp_pb2
+from grpc import StatusCode as S
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from homelab_autoscaler.sim.emulator import Fault
+from proto import externalgrpc_pb2 as pb
+from proto import externalgrpc_pb2_grpc as pb_grpc
+from proto import k8s_node_pb2 as k8s
+from provider.server import SERVICE_NAME, Running, start
+from provider.service import CloudProvider
+from provider.settings import ProviderSettings
+from provider.template import MACHINE_LABELS
+from tests.lab import NS, Lab, homelab, open_lab
+from tests.procs import BIN
+
+MIN = 60.0
+CA_DEADLINE = 5.0  # cluster-autoscaler's default grpc_timeout
+
+
+def slot(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, **extra}
+
+
+def pid(name: str) -> str:
+    return f"homelab://{NS}/{name}"
+
+
+@dataclass
+class Provider:
+    lab: Lab
+    stub: pb_grpc.CloudProviderStub
+    channel: grpc.aio.Channel
+    running: Running
+
+    async def target(self, group: str = "g") -> int:
+        resp = await self.stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=group), timeout=CA_DEADLINE)
+        return int(resp.targetSize)
+
+    async def instances(self, group: str = "g") -> list[pb.Instance]:
+        resp = await self.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group), timeout=CA_DEADLINE)
+        return list(resp.instances)
+
+    async def states(self, group: str = "g") -> dict[str, int]:
+        return {i.id: i.status.instanceState for i in await self.instances(group)}
+
+    async def refused(self, call: Any, request: Any) -> grpc.aio.AioRpcError:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(request, timeout=CA_DEADLINE)
+        return info.value
+
+
+def provider_settings(lab: Lab, **extra: Any) -> ProviderSettings:
+    return ProviderSettings(
+        provider_address="127.0.0.1:0", namespaces=[NS], kube_server=lab.lab.url, catalog_ttl_seconds=0, **extra
+    )
+
+
+@asynccontextmanager
+async def serving(doc: dict[str, Any], **extra: Any) -> AsyncIterator[Provider]:
+    """A lab plus the provider on a free loopback port, and a channel to it."""
+    async with open_lab(doc) as lab:
+        settings = provider_settings(lab, **extra)
+        up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{up.port}") as channel:
+                yield Provider(lab, pb_grpc.CloudProviderStub(channel), channel, up)
+        finally:
+            await up.server.stop(1)
+
+
+async def all_states(p: Provider, state: int, count: int) -> bool:
+    states = await p.states()
+    return len(states) == count and all(s == state for s in states.values())
+
+
+# --- scale-up --------------------------------------------------------------------------------------------
+async def test_scale_up_of_three_from_zero() -> None:
+    machine = {"labels": {"hardware": "nuc"}, "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
+    doc = homelab(
+        [slot(f"s{i}", node=machine) for i in (1, 2, 3)],
+        nodeLabels={"tier": "big"},
+        nodeTaints=[{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}],
+    )
+    async with serving(doc) as p:
+        groups = (await p.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_DEADLINE)).nodeGroups
+        assert [(g.id, g.minSize, g.maxSize) for g in groups] == [("g", 0, 3)]  # maxSize 5, but only 3 machines
+        assert await p.target() == 0
+        # Scale from zero with no machine ever seen: no template yet, the code cluster-autoscaler skips on.
+        err = await p.refused(p.stub.NodeGroupTemplateNodeInfo, pb.NodeGroupTemplateNodeInfoRequest(id="g"))
+        assert err.code() == S.UNIMPLEMENTED and "group g" in (err.details() or "")
+
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=3), timeout=CA_DEADLINE)
+        assert await p.target() == 3
+        assert await p.states() == {pid(f"s{i}"): pb.InstanceStatus.instanceCreating for i in (1, 2, 3)}
+
+        await p.lab.until(
+            lambda: all_states(p, pb.InstanceStatus.instanceRunning, 3), within=5 * MIN, what="three machines running"
+        )
+        assert await p.target() == 3
+
+        # Kubelet nodes map to the group; anything else (control plane, fake nodes) does not.
+        kubelet = p.lab.node("s1")
+        assert kubelet is not None
+        real = pb.ExternalGrpcNode(
+            name="s1", providerID=kubelet["spec"]["providerID"], labels=kubelet["metadata"]["labels"]
+        )
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=real), timeout=CA_DEADLINE)
+        assert (found.nodeGroup.id, found.nodeGroup.maxSize) == ("g", 3)
+        by_name = pb.ExternalGrpcNode(name="s2")
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=by_name), timeout=CA_DEADLINE)
+        assert found.nodeGroup.id == "g"
+        pet = pb.ExternalGrpcNode(name="control-plane", providerID="k3s://control-plane")
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=pet), timeout=CA_DEADLINE)
+        assert found.nodeGroup.id == ""
+        fake = pb.ExternalGrpcNode(name=pid("s3"), providerID=pid("s3"))
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=fake), timeout=CA_DEADLINE)
+        assert found.nodeGroup.id == ""
+
+        # The watchers ask the group to re-read itself on every change; stand in for them to get the template.
+        await p.lab.group().signal("refresh")
+        snap = await p.lab.until(lambda: _with_template(p.lab), within=MIN, step=1, what="template in snapshot")
+        got = await p.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="g"), timeout=CA_DEADLINE)
+        node = k8s.Node.FromString(got.nodeBytes)
+        template = snap["template"]
+        want = {k: v for k, v in template["metadata"]["labels"].items() if k not in MACHINE_LABELS}
+        assert dict(node.metadata.labels) == {**want, "tier": "big"}
+        assert node.metadata.labels["hardware"] == "nuc"
+        assert {k: q.string for k, q in node.status.capacity.items()} == template["status"]["capacity"]
+        assert {k: q.string for k, q in node.status.capacity.items()}["cpu"] == "8"
+        taints = {(t.key, t.value, t.effect) for t in node.spec.taints}
+        assert taints == {(t["key"], t.get("value", ""), t["effect"]) for t in template["spec"].get("taints", [])} | {
+            ("dedicated", "batch", "NoSchedule")
+        }
+        assert not node.spec.unschedulable
+        assert ("Ready", "True") in {(cond.type, cond.status) for cond in node.status.conditions}
+
+
+async def _with_template(lab: Lab) -> dict[str, Any] | None:
+    snap = await lab.snapshot()
+    return snap if snap["template"] else None
+
+
+# --- failures and scale-down -----------------------------------------------------------------------------
+async def test_failed_boot_shows_error_info_then_delete_nodes_with_the_fake_node_clears_it() -> None:
+    async with serving(homelab([slot("s1", faults={"startupJobFails": True}), slot("s2")])) as p:
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
+
+        async def errored() -> pb.Instance | None:
+            return next((i for i in await p.instances() if i.status.errorInfo.errorCode), None)
+
+        failed = await p.lab.until(errored, within=3 * MIN, what="errorInfo on the failed boot")
+        assert failed.id == pid("s1")
+        assert failed.status.instanceState == pb.InstanceStatus.instanceCreating
+        assert failed.status.errorInfo.errorCode == "startup-job-failed"
+        assert failed.status.errorInfo.instanceErrorClass == 99
+        assert "StartupJobFailed" in failed.status.errorInfo.errorMessage
+        assert await p.target() == 0
+        # Kept for more than one autoscaler loop, so cluster-autoscaler sees it and backs the group off.
+        await p.lab.advance(30)
+        assert await errored() is not None
+
+        # cluster-autoscaler deletes the errored instance through a fake node: name == providerID == instance id.
+        fake = pb.ExternalGrpcNode(
+            name=failed.id, providerID=failed.id, annotations={"k8s.io/cluster-autoscaler/fake-node-reason": "x"}
+        )
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=fake), timeout=CA_DEADLINE)
+        assert found.nodeGroup.id == ""
+        await p.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id="g", nodes=[fake]), timeout=CA_DEADLINE)
+        assert await errored() is None
+        assert await p.target() == 0
+
+
+async def test_decrease_target_size_cancels_pending_claims_only() -> None:
+    async with serving(homelab([slot("s1"), slot("s2"), slot("s3")])) as p:
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
+        await p.lab.until(
+            lambda: all_states(p, pb.InstanceStatus.instanceRunning, 1), within=5 * MIN, what="first machine up"
+        )
+        # Hold every further claim in pending: the API server refuses Job creation.
+        p.lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=2), timeout=CA_DEADLINE)
+        assert await p.target() == 3
+        # Three asked for, two pending: a decrease of three would remove the running machine, so it is refused.
+        err = await p.refused(
+            p.stub.NodeGroupDecreaseTargetSize, pb.NodeGroupDecreaseTargetSizeRequest(id="g", delta=-3)
+        )
+        assert err.code() == S.FAILED_PRECONDITION and "group g" in (err.details() or "")
+        assert await p.target() == 3
+        await p.stub.NodeGroupDecreaseTargetSize(
+            pb.NodeGroupDecreaseTargetSizeRequest(id="g", delta=-2), timeout=CA_DEADLINE
+        )
+        assert await p.target() == 1
+        states = await p.states()
+        assert states[pid("s1")] == pb.InstanceStatus.instanceRunning
+        assert sorted(v for k, v in states.items() if k != pid("s1")) in (
+            [],
+            [pb.InstanceStatus.instanceDeleting] * 2,
+        )
+
+
+async def test_fifty_concurrent_increases_of_one_on_ten_slots() -> None:
+    async with serving(homelab([slot(f"s{i:02d}") for i in range(10)], maxSize=10)) as p:
+        # Hold the claims pending so the test reads the group's bookkeeping, not boots.
+        p.lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+
+        async def one() -> S:
+            try:
+                await p.stub.NodeGroupIncreaseSize(
+                    pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE
+                )
+            except grpc.aio.AioRpcError as err:
+                return err.code()
+            return S.OK
+
+        codes = await asyncio.gather(*(one() for _ in range(50)))
+        assert codes.count(S.OK) == 10, codes
+        assert set(codes) == {S.OK, S.FAILED_PRECONDITION}, codes
+        assert await p.target() == 10
+        snap = await p.lab.snapshot()
+        live = [d for d in snap["claims"].values() if d["phase"] in ("pending", "booting", "ready")]
+        assert len(live) == 10
+        assert len({d["slot"] for d in live}) == 10, "two live claims on one slot"
+        assert sorted(i.id for i in await p.instances()) == sorted(pid(f"s{i:02d}") for i in range(10))
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+async def test_bad_input_gets_the_right_code_and_names_the_group_or_node() -> None:
+    async with serving(homelab([slot("s1"), slot("s2")], maxSize=2)) as p:
+        st_ = p.stub
+        per_group: list[tuple[Any, Any]] = [
+            (st_.NodeGroupTargetSize, pb.NodeGroupTargetSizeRequest),
+            (st_.NodeGroupNodes, pb.NodeGroupNodesRequest),
+            (st_.NodeGroupTemplateNodeInfo, pb.NodeGroupTemplateNodeInfoRequest),
+            (st_.NodeGroupGetOptions, pb.NodeGroupAutoscalingOptionsRequest),
+        ]
+        for call, kind in per_group:
+            err = await p.refused(call, kind(id="nope"))
+            assert err.code() == S.NOT_FOUND and "nope" in (err.details() or ""), call
+            err = await p.refused(call, kind(id=""))
+            assert err.code() == S.INVALID_ARGUMENT, call
+        for request in (
+            pb.NodeGroupIncreaseSizeRequest(id="nope", delta=1),
+            pb.NodeGroupDecreaseTargetSizeRequest(id="nope", delta=-1),
+            pb.NodeGroupDeleteNodesRequest(id="nope", nodes=[pb.ExternalGrpcNode(name="s1")]),
+        ):
+            call = {
+                pb.NodeGroupIncreaseSizeRequest: st_.NodeGroupIncreaseSize,
+                pb.NodeGroupDecreaseTargetSizeRequest: st_.NodeGroupDecreaseTargetSize,
+                pb.NodeGroupDeleteNodesRequest: st_.NodeGroupDeleteNodes,
+            }[type(request)]
+            err = await p.refused(call, request)
+            assert err.code() == S.NOT_FOUND and "nope" in (err.details() or "")
+
+        cases: list[tuple[Any, Any, S, str]] = [
+            (st_.NodeGroupIncreaseSize, pb.NodeGroupIncreaseSizeRequest(id="g", delta=0), S.INVALID_ARGUMENT, "g"),
+            (st_.NodeGroupIncreaseSize, pb.NodeGroupIncreaseSizeRequest(id="g", delta=-1), S.INVALID_ARGUMENT, "g"),
+            (st_.NodeGroupIncreaseSize, pb.NodeGroupIncreaseSizeRequest(id="g", delta=3), S.FAILED_PRECONDITION, "g"),
+            (
+                st_.NodeGroupDecreaseTargetSize,
+                pb.NodeGroupDecreaseTargetSizeRequest(id="g", delta=1),
+                S.INVALID_ARGUMENT,
+                "g",
+            ),
+            (
+                st_.NodeGroupDecreaseTargetSize,
+                pb.NodeGroupDecreaseTargetSizeRequest(id="g", delta=0),
+                S.INVALID_ARGUMENT,
+                "g",
+            ),
+            (
+                st_.NodeGroupDecreaseTargetSize,
+                pb.NodeGroupDecreaseTargetSizeRequest(id="g", delta=-1),
+                S.FAILED_PRECONDITION,
+                "g",
+            ),
+            (st_.NodeGroupDeleteNodes, pb.NodeGroupDeleteNodesRequest(id="g"), S.INVALID_ARGUMENT, "g"),
+            (
+                st_.NodeGroupDeleteNodes,
+                pb.NodeGroupDeleteNodesRequest(id="g", nodes=[pb.ExternalGrpcNode()]),
+                S.INVALID_ARGUMENT,
+                "g",
+            ),
+            (
+                st_.NodeGroupDeleteNodes,
+                pb.NodeGroupDeleteNodesRequest(id="g", nodes=[pb.ExternalGrpcNode(name="control-plane")]),
+                S.INVALID_ARGUMENT,
+                "control-plane",
+            ),
+            (st_.NodeGroupForNode, pb.NodeGroupForNodeRequest(), S.INVALID_ARGUMENT, "node"),
+            (st_.NodeGroupForNode, pb.NodeGroupForNodeRequest(node=pb.ExternalGrpcNode()), S.INVALID_ARGUMENT, "node"),
+            (st_.PricingNodePrice, pb.PricingNodePriceRequest(), S.INVALID_ARGUMENT, "node"),
+            (
+                st_.PricingNodePrice,
+                pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(name="control-plane")),
+                S.NOT_FOUND,
+                "control-plane",
+            ),
+            (st_.PricingPodPrice, pb.PricingPodPriceRequest(pod_bytes=b"\xff\xff"), S.INVALID_ARGUMENT, "pod_bytes"),
+        ]
+        for call, request, code, named in cases:
+            err = await p.refused(call, request)
+            assert err.code() == code, (request, err)
+            assert named in (err.details() or ""), (request, err.details())
+        # Nothing was written by any refused call.
+        assert await p.target() == 0
+        assert (await p.lab.snapshot())["claims"] == {}
+        assert p.running.provider.metrics.count("NodeGroupIncreaseSize", "OK") == 0
+
+
+# --- options, pricing, GPUs, housekeeping ----------------------------------------------------------------
+async def test_get_options_merges_defaults_with_the_group_and_never_leaves_a_duration_unset() -> None:
+    doc = homelab(
+        [slot("s1")],
+        scaleDownUnneededTime="5m",
+        scaleDownUtilizationThreshold=0.3,
+        zeroOrMaxNodeScaling=True,
+    )
+    async with serving(doc) as p:
+        defaults = pb.NodeGroupAutoscalingOptions(
+            scaleDownUtilizationThreshold=0.5,
+            scaleDownGpuUtilizationThreshold=0.6,
+            ignoreDaemonSetsUtilization=True,
+            scaleDownUnneededDuration=duration_pb2.Duration(seconds=600),
+            scaleDownUnreadyDuration=duration_pb2.Duration(seconds=1200),
+            MaxNodeProvisionDuration=duration_pb2.Duration(seconds=900),
+        )
+        got = (
+            await p.stub.NodeGroupGetOptions(
+                pb.NodeGroupAutoscalingOptionsRequest(id="g", defaults=defaults), timeout=CA_DEADLINE
+            )
+        ).nodeGroupAutoscalingOptions
+        assert got.scaleDownUtilizationThreshold == pytest.approx(0.3)
+        assert got.scaleDownGpuUtilizationThreshold == pytest.approx(0.6)
+        assert got.zeroOrMaxNodeScaling and got.ignoreDaemonSetsUtilization
+        assert got.scaleDownUnneededDuration.seconds == 300
+        assert got.scaleDownUnreadyDuration.seconds == 1200
+        assert got.MaxNodeProvisionDuration.seconds == 900
+        # No defaults at all (or zero ones): cluster-autoscaler's own, never an unset or zero duration.
+        for request in (
+            pb.NodeGroupAutoscalingOptionsRequest(id="g"),
+            pb.NodeGroupAutoscalingOptionsRequest(id="g", defaults=pb.NodeGroupAutoscalingOptions()),
+        ):
+            got = (await p.stub.NodeGroupGetOptions(request, timeout=CA_DEADLINE)).nodeGroupAutoscalingOptions
+            for field in ("scaleDownUnneededDuration", "scaleDownUnreadyDuration", "MaxNodeProvisionDuration"):
+                assert got.HasField(field) and getattr(got, field).seconds > 0, field
+            assert got.MaxNodeProvisionDuration.seconds == 900
+            assert got.scaleDownUnneededDuration.seconds == 300
+
+
+async def test_pricing_gpus_refresh_cleanup_and_reflection() -> None:
+    doc = homelab(
+        [
+            slot("s1", pricing={"hourlyRate": 0.5, "podRate": 0.01}),
+            slot("s2", pricing={"hourlyRate": 0.25}),
+            slot("s3"),
+        ]
+    )
+    async with serving(doc, gpu_label="example.com/gpu", gpu_types=["rtx-3090", "gtx-1080"]) as p:
+        start = timestamp_pb2.Timestamp(seconds=1_800_000_000)
+        end = timestamp_pb2.Timestamp(seconds=1_800_000_000 + 7200)
+        price = await p.stub.PricingNodePrice(
+            pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(name="s1"), startTimestamp=start, endTimestamp=end),
+            timeout=CA_DEADLINE,
+        )
+        assert price.price == pytest.approx(1.0)
+        # No window given: the configured one (an hour).
+        price = await p.stub.PricingNodePrice(
+            pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(providerID=pid("s2"))), timeout=CA_DEADLINE
+        )
+        assert price.price == pytest.approx(0.25)
+        # A template node names no machine: the group's cheapest.
+        template = pb.ExternalGrpcNode(name="g-template", labels={"infra.homecluster.dev/group": "g"})
+        price = await p.stub.PricingNodePrice(pb.PricingNodePriceRequest(node=template), timeout=CA_DEADLINE)
+        assert price.price == pytest.approx(0.25)
+        err = await p.refused(p.stub.PricingNodePrice, pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(name="s3")))
+        assert err.code() == S.UNIMPLEMENTED and "s3" in (err.details() or "")
+        err = await p.refused(
+            p.stub.PricingNodePrice,
+            pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(name="s1"), startTimestamp=end, endTimestamp=start),
+        )
+        assert err.code() == S.INVALID_ARGUMENT
+
+        pod = k8s.Pod()
+        pod.metadata.name, pod.metadata.namespace, pod.spec.nodeName = "web", "default", "s1"
+        price = await p.stub.PricingPodPrice(
+            pb.PricingPodPriceRequest(pod_bytes=pod.SerializeToString(), startTimestamp=start, endTimestamp=end),
+            timeout=CA_DEADLINE,
+        )
+        assert price.price == pytest.approx(0.02)
+
+        label = await p.stub.GPULabel(pb.GPULabelRequest(), timeout=CA_DEADLINE)
+        assert label.label == "example.com/gpu"
+        types = await p.stub.GetAvailableGPUTypes(pb.GetAvailableGPUTypesRequest(), timeout=CA_DEADLINE)
+        assert sorted(types.gpuTypes) == ["gtx-1080", "rtx-3090"]
+        await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+        await p.stub.Cleanup(pb.CleanupRequest(), timeout=CA_DEADLINE)
+
+        reflect = reflection_pb2_grpc.ServerReflectionStub(p.channel)
+        answers = reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        services = [s.name async for a in answers for s in a.list_services_response.service]
+        assert SERVICE_NAME == "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
+        assert SERVICE_NAME in services
+        assert p.running.provider.metrics.count("GPULabel", "OK") == 1
+
+
+# --- transport security ----------------------------------------------------------------------------------
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
+
+
+def make_pki(d: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1/localhost, a client signed by the CA and one signed by another."""
+    for ca in ("ca", "rogue-ca"):
+        _openssl(
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={ca}",
+            "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            cwd=d,
+        )  # fmt: skip
+    for name, ca, ext in (
+        ("server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        ("client", "ca", "extendedKeyUsage=clientAuth"),
+        ("rogue", "rogue-ca", "extendedKeyUsage=clientAuth"),
+    ):
+        (d / f"{name}.ext").write_text(f"basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n{ext}\n")
+        _openssl(
+            "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr",
+            cwd=d,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt",
+            cwd=d,
+        )  # fmt: skip
+
+
+async def test_mtls_accepts_the_cas_clients_and_refuses_others(tmp_path: Path) -> None:
+    make_pki(tmp_path)
+    tls = {"tls_cert": tmp_path / "server.crt", "tls_key": tmp_path / "server.key", "tls_ca": tmp_path / "ca.crt"}
+    async with open_lab(homelab([slot("s1")])) as lab:
+        settings = provider_settings(lab, **tls)
+        up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube))
+        target = f"localhost:{up.port}"
+        ca = (tmp_path / "ca.crt").read_bytes()
+
+        def creds(client: str | None) -> grpc.ChannelCredentials:
+            if client is None:
+                return grpc.ssl_channel_credentials(root_certificates=ca)
+            return grpc.ssl_channel_credentials(
+                root_certificates=ca,
+                private_key=(tmp_path / f"{client}.key").read_bytes(),
+                certificate_chain=(tmp_path / f"{client}.crt").read_bytes(),
+            )
+
+        try:
+            async with grpc.aio.secure_channel(target, creds("client")) as channel:
+                stub = pb_grpc.CloudProviderStub(channel)
+                groups = await stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_DEADLINE)
+                assert [g.id for g in groups.nodeGroups] == ["g"]
+            for client in (None, "rogue"):
+                async with grpc.aio.secure_channel(target, creds(client)) as channel:
+                    stub = pb_grpc.CloudProviderStub(channel)
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_DEADLINE)
+                    assert info.value.code() == S.UNAVAILABLE, client
+            async with grpc.aio.insecure_channel(target) as channel:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await pb_grpc.CloudProviderStub(channel).GPULabel(pb.GPULabelRequest(), timeout=CA_DEADLINE)
+        finally:
+            await up.server.stop(1)
+
+
+def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=r"refusing to serve plaintext on 0\.0\.0\.0:8086"):
+        ProviderSettings(provider_address="0.0.0.0:8086")
+    with pytest.raises(ValidationError, match="refusing"):
+        ProviderSettings(provider_address=":8086")
+    with pytest.raises(ValidationError, match="go together"):
+        ProviderSettings(tls_cert=tmp_path / "c.pem")
+    assert ProviderSettings(provider_address="0.0.0.0:8086", insecure=True).insecure
+    assert ProviderSettings(provider_address="[::1]:8086").provider_address == "[::1]:8086"
+    assert ProviderSettings(provider_address="localhost:8086")
+    tls: dict[str, Any] = {k: tmp_path / k for k in ("tls_cert", "tls_key", "tls_ca")}
+    assert ProviderSettings(provider_address="0.0.0.0:8086", **tls).tls
+    # The process says so in one line and exits 2, before it listens anywhere.
+    res = subprocess.run(
+        [str(BIN / "python"), "-m", "provider", "--address", "0.0.0.0:0"], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "--insecure" in res.stderr
+
+
+# --- robustness ------------------------------------------------------------------------------------------
+class Background:
+    """The lab and the provider on their own thread and loop, for a synchronous (hypothesis) client."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.port = 0
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="provider-lab", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # reported to the test thread
+            self.error = err
+            self.ready.set()
+
+    async def _main(self) -> None:
+        async with open_lab(self.doc) as lab:
+            settings = provider_settings(lab)
+            up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube))
+            self.port, self.loop, self.stop = up.port, asyncio.get_running_loop(), asyncio.Event()
+            self.ready.set()
+            await self.stop.wait()
+            await up.server.stop(1)
+
+    def __enter__(self) -> Background:
+        self.thread.start()
+        if not self.ready.wait(60) or self.error is not None:
+            raise AssertionError(f"the provider and its lab did not start within 60 s: {self.error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def background() -> Iterator[Background]:
+    with Background(homelab([slot(f"s{i}") for i in range(4)])) as bg:
+        yield bg
+
+
+@contextmanager
+def sync_stub(port: int) -> Iterator[tuple[pb_grpc.CloudProviderStub, grpc.Channel]]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield pb_grpc.CloudProviderStub(channel), channel
+
+
+texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40)
+ids = st.one_of(st.just("g"), st.just(f"{NS}/g"), texts)
+int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+nodes = st.builds(
+    pb.ExternalGrpcNode,
+    providerID=st.one_of(texts, st.just(pid("s1"))),
+    name=st.one_of(texts, st.sampled_from(["s1", "s2", pid("s0")])),
+    labels=st.dictionaries(texts, texts, max_size=3),
+    annotations=st.dictionaries(texts, texts, max_size=3),
+)
+stamps = st.builds(
+    timestamp_pb2.Timestamp,
+    seconds=st.integers(min_value=-62135596800, max_value=253402300799),
+    nanos=st.integers(0, 999_999_999),
+)
+durations = st.builds(duration_pb2.Duration, seconds=st.integers(0, 10**9))
+options = st.builds(
+    pb.NodeGroupAutoscalingOptions,
+    scaleDownUtilizationThreshold=st.floats(allow_nan=True),
+    scaleDownGpuUtilizationThreshold=st.floats(allow_nan=True),
+    zeroOrMaxNodeScaling=st.booleans(),
+    scaleDownUnneededDuration=durations,
+    MaxNodeProvisionDuration=durations,
+)
+REQUESTS: dict[str, st.SearchStrategy[Any]] = {
+    "NodeGroups": st.just(pb.NodeGroupsRequest()),
+    "NodeGroupForNode": st.one_of(
+        st.just(pb.NodeGroupForNodeRequest()), st.builds(pb.NodeGroupForNodeRequest, node=nodes)
+    ),
+    "PricingNodePrice": st.builds(pb.PricingNodePriceRequest, node=nodes, startTimestamp=stamps, endTimestamp=stamps),
+    "PricingPodPrice": st.builds(
+        pb.PricingPodPriceRequest, pod_bytes=st.binary(max_size=64), startTimestamp=stamps, endTimestamp=stamps
+    ),
+    "GPULabel": st.just(pb.GPULabelRequest()),
+    "GetAvailableGPUTypes": st.just(pb.GetAvailableGPUTypesRequest()),
+    "Cleanup": st.just(pb.CleanupRequest()),
+    "Refresh": st.just(pb.RefreshRequest()),
+    "NodeGroupTargetSize": st.builds(pb.NodeGroupTargetSizeRequest, id=ids),
+    "NodeGroupIncreaseSize": st.builds(pb.NodeGroupIncreaseSizeRequest, id=ids, delta=int32),
+    "NodeGroupDeleteNodes": st.builds(pb.NodeGroupDeleteNodesRequest, id=ids, nodes=st.lists(nodes, max_size=3)),
+    "NodeGroupDecreaseTargetSize": st.builds(pb.NodeGroupDecreaseTargetSizeRequest, id=ids, delta=int32),
+    "NodeGroupNodes": st.builds(pb.NodeGroupNodesRequest, id=ids),
+    "NodeGroupTemplateNodeInfo": st.builds(pb.NodeGroupTemplateNodeInfoRequest, id=ids),
+    "NodeGroupGetOptions": st.builds(pb.NodeGroupAutoscalingOptionsRequest, id=ids, defaults=options),
+}
+ANSWERS = {S.OK, S.INVALID_ARGUMENT, S.NOT_FOUND, S.FAILED_PRECONDITION, S.UNIMPLEMENTED}
+
+
+def test_every_rpc_has_a_strategy() -> None:
+    assert set(REQUESTS) == set(pb.DESCRIPTOR.services_by_name["CloudProvider"].methods_by_name)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_arbitrary_field_values_get_a_status_code_and_the_server_keeps_serving(
+    background: Background, data: st.DataObject
+) -> None:
+    method = data.draw(st.sampled_from(sorted(REQUESTS)))
+    request = data.draw(REQUESTS[method])
+    with sync_stub(background.port) as (stub, channel):
+        try:
+            getattr(stub, method)(request, timeout=CA_DEADLINE)
+            code = S.OK
+        except grpc.RpcError as err:
+            code = err.code()
+        assert code in ANSWERS, (method, request, code)
+        # Bytes that are not the request message at all: the server answers and goes on.
+        raw = data.draw(st.binary(max_size=64))
+        call = channel.unary_unary(
+            f"/{SERVICE_NAME}/{method}", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        try:
+            call(raw, timeout=CA_DEADLINE)
+        except grpc.RpcError as err:
+            assert err.code() in ANSWERS, (method, raw, err)
+        assert stub.GPULabel(pb.GPULabelRequest(), timeout=CA_DEADLINE).label
