@@ -468,6 +468,8 @@ class KubeActivities:
             ready = observation.power == names.PowerState.ON
             if node is not None and (template is None or (ready and not template_ready)):
                 template, template_ready = template_of(node, taints, now), ready
+            elif node is None and template is None:
+                template = template_from_status(slot_name, node_name, _status(slot).get("nodeTemplate"))
         try:
             max_provision = parse_duration(spec.get("maxNodeProvisionTime") or 0).total_seconds()
         except ValueError as exc:
@@ -525,3 +527,21 @@ def last_claim_of(slot: str, doc: Any) -> c.ClaimDigest | None:
         machine_off=True,
         workflow_done=True,
     )
+
+
+def template_from_status(slot: str, node_name: str, doc: Any) -> JSON | None:
+    """The slot report's snapshot of its deleted kubelet Node (powerOffNodePolicy: Delete), as a template Node."""
+    if not isinstance(doc, dict) or not (doc.get("labels") or doc.get("capacity")):
+        return None
+    taken = doc.get("takenAt")
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node_name or slot,
+            "labels": dict(doc.get("labels") or {}),
+            "annotations": {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: str(taken)} if taken else {},
+        },
+        "spec": {"taints": [dict(t) for t in doc.get("taints") or []]},
+        "status": {"capacity": dict(doc.get("capacity") or {}), "allocatable": dict(doc.get("allocatable") or {})},
+    }

@@ -133,6 +133,7 @@ class ConditionType(StrEnum):
     READY = "Ready"
     MACHINE_COMMITTED = "MachineCommitted"
     MACHINE_OBSERVED_OFF = "MachineObservedOff"
+    MARKED_FOR_DELETION = "MarkedForDeletion"
     SHUTDOWN_ATTEMPT_LIMIT_REACHED = "ShutdownAttemptLimitReached"
     # autoscaler marker conditions on the slot report
     SCALE_UP_IN_FLIGHT = "ScaleUpInFlight"

@@ -61,6 +61,7 @@ __all__ = [
     "NodeClaimStatus",
     "NodeSpec",
     "NodeStatus",
+    "NodeTemplate",
     "ObjectMeta",
     "OwnerReference",
     "PodSpecTemplate",
@@ -553,6 +554,21 @@ class ClaimDigest(_Status):
     finished_at: Time | None = None
 
 
+class NodeTemplate(_Status):
+    """What the slot's kubelet Node looked like when it was last deleted, for scale-from-zero.
+
+    With `powerOffNodePolicy: Delete` the kubelet Node of a machine verified off is removed, so the group's
+    template node (what cluster-autoscaler plans a scale-up with) is read from here when no Node exists.
+    Only lasting facts are kept: no readiness taints, no cordon, no conditions.
+    """
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+    capacity: dict[str, str] = Field(default_factory=dict)
+    allocatable: dict[str, str] = Field(default_factory=dict)
+    taken_at: Time | None = None
+
+
 class NodeStatus(_Status):
     """The slot's report: outputs of the law and of observation, never inputs to a decision."""
 
@@ -567,6 +583,7 @@ class NodeStatus(_Status):
     last_claim: ClaimDigest | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, ge=0)
+    node_template: NodeTemplate | None = None
 
 
 # --- NodeClaim -----------------------------------------------------------------------------------------

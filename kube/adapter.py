@@ -120,6 +120,7 @@ class Kube:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
+        self.coordination = k8s.CoordinationV1Api(api_client)
 
     # --- construction ----------------------------------------------------------------------------------
     @classmethod
@@ -383,11 +384,23 @@ class Kube:
     def patch_claim_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> NodeClaim:
         return _parse(NodeClaim, self._patch(CLAIMS, namespace, name, {"status": dict(status)}, status=True))
 
-    def patch_slot_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Node:
-        return _parse(Node, self._patch(SLOTS, namespace, name, {"status": dict(status)}, status=True))
+    def patch_slot_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
+    ) -> Node:
+        """Merge-patch a slot's /status; with `resource_version`, only over that version (else `Conflict`)."""
+        body: JSON = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return _parse(Node, self._patch(SLOTS, namespace, name, body, status=True))
 
-    def patch_group_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Group:
-        return _parse(Group, self._patch(GROUPS, namespace, name, {"status": dict(status)}, status=True))
+    def patch_group_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
+    ) -> Group:
+        """Merge-patch a Group's /status; with `resource_version`, only over that version (else `Conflict`)."""
+        body: JSON = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return _parse(Group, self._patch(GROUPS, namespace, name, body, status=True))
 
     def add_claim_finalizer(self, namespace: str, name: str, finalizer: str = names.FINALIZER_CLAIM) -> None:
         """Idempotent: a claim that already carries the finalizer is not written."""
@@ -594,3 +607,42 @@ class Kube:
             except Conflict:
                 continue
         raise Conflict(f"{what}: still conflicting after {CAS_ATTEMPTS} attempts to bump the count")
+
+    # --- Leases (leader election) ------------------------------------------------------------------------
+    def get_lease(self, namespace: str, name: str) -> JSON | None:
+        """A coordination.k8s.io/v1 Lease as the API returns it, or None when there is none."""
+        try:
+            return self._call(f"get Lease {namespace}/{name}", self.coordination.read_namespaced_lease, name, namespace)
+        except NotFound:
+            return None
+
+    def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> JSON | None:
+        """Create a Lease; None when one already exists (another replica was first: the caller re-reads it)."""
+        body: JSON = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": dict(spec),
+        }
+        try:
+            return self._call(
+                f"create Lease {namespace}/{name}", self.coordination.create_namespaced_lease, namespace, body
+            )
+        except KubeError as exc:
+            if exc.status == 409 and exc.reason == "AlreadyExists":
+                return None
+            raise
+
+    def patch_lease(self, namespace: str, name: str, spec: Mapping[str, Any], resource_version: str) -> JSON:
+        """Merge-patch a Lease's spec guarded by `resource_version` (compare-and-set): a replica that read an
+        older Lease gets `Conflict` instead of overwriting the holder that renewed in between.
+        """
+        patch: JSON = {"metadata": {"resourceVersion": resource_version}, "spec": dict(spec)}
+        return self._call(
+            f"patch Lease {namespace}/{name}",
+            self.coordination.patch_namespaced_lease,
+            name,
+            namespace,
+            patch,
+            _content_type=MERGE_PATCH,
+        )

@@ -570,6 +570,26 @@ def test_load_group_with_no_kubelet_nodes_has_no_template(cluster: EmulatorServe
     assert [s.observation.exists for s in view.slots] == [False, False, False]
 
 
+def test_load_group_falls_back_to_the_slot_reports_node_template(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    for name in ("worker-1", "worker-2", "gpu-1"):
+        cluster.call(lambda e, n=name: e.delete_object("v1", "nodes", None, n))
+    snapshot = {
+        "labels": {"homelab.dev/pool": "workers"},
+        "taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}],
+        "capacity": {"cpu": "4", "memory": "16Gi"},
+        "allocatable": {"cpu": "3800m"},
+        "takenAt": "2026-01-01T08:00:00Z",
+    }
+    cluster.call(
+        lambda e: e.patch_object(CRD, "nodes", NS, "worker-2", {"status": {"nodeTemplate": snapshot}}, "status")
+    )
+    template = acts.load_group(c.GroupRef(NS, "workers")).template
+    assert template is not None
+    assert template["metadata"]["labels"] == {"homelab.dev/pool": "workers"}
+    assert template["spec"]["taints"] == snapshot["taints"]
+    assert template["status"]["capacity"] == {"cpu": "4", "memory": "16Gi"}
+
+
 # --- the pure Job builder ----------------------------------------------------------------------------------
 def test_build_job_defaults_bound_every_job(examples: dict[str, list[Obj]]) -> None:
     raw = examples["nodes"][2]  # gpu-1: no backoff, deadline or TTL of its own

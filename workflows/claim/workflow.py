@@ -12,7 +12,7 @@ from typing import Any
 from temporalio import workflow
 
 from api import contracts as c
-from api.names import ClaimPhase, ClaimReason, EventReason
+from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
 from workflows.claim.boot import boot
 from workflows.claim.collection import collect
 from workflows.claim.launch import launch
@@ -84,7 +84,7 @@ class NodeClaimWorkflow(ClaimRuntime):
         self.s.book.finished_jobs[finished.job] = finished.succeeded
 
     @workflow.signal
-    def mark_for_deletion(self, request: c.MarkRequest) -> None:
+    async def mark_for_deletion(self, request: c.MarkRequest) -> None:
         """A scale-down or a deletion; the first reason wins (it is the one the completion carries).
 
         On a claim that already ended, a deletion (kubectl delete, the slot's garbage collection) means: collect
@@ -93,9 +93,16 @@ class NodeClaimWorkflow(ClaimRuntime):
         if self.s.terminal:
             self.s.collect_now = True
             return
-        if not self.s.marked:
-            self.s.marked = True
-            self.s.mark_reason = request.reason
+        if self.s.marked:
+            return
+        self.s.marked = True
+        self.s.mark_reason = request.reason
+        self.s.set_condition(
+            ConditionType.MARKED_FOR_DELETION, True, request.reason, "the machine will be shut down", self.now()
+        )
+        # The mark on the resource, so the slot report sees a scale-down without asking the workflow.
+        if workflow.patched("project-the-mark"):
+            await self.project(summary=f"record the mark ({request.reason}) on claim {self.s.seed.name}")
 
     @workflow.signal
     def superseded(self, by: str) -> None:

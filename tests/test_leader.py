@@ -1,0 +1,146 @@
+"""Leader election over a Lease (time is an argument), two watch replicas of which one writes, the health
+endpoints, and the threaded process path against the API emulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+
+from homelab_autoscaler.sim.emulator import EmulatorServer
+from kube.adapter import Kube
+from tests.test_report import NS, Quiet, World
+from watchers.health import HealthServer
+from watchers.leader import LeaderElector
+from watchers.main import Watchers
+from watchers.settings import WatchSettings
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+LEASE = timedelta(seconds=15)
+
+
+def elector(kube: Kube, who: str) -> LeaderElector:
+    return LeaderElector(kube, NS, "watch", who, LEASE)
+
+
+def test_one_leader_renews_and_a_follower_waits(kube: Kube) -> None:
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert a.tick(T0)
+    assert not b.tick(T0 + timedelta(seconds=1))
+    for s in range(5, 60, 5):  # a keeps renewing: b never gets it, however long it waits
+        assert a.tick(T0 + timedelta(seconds=s))
+        assert not b.tick(T0 + timedelta(seconds=s + 1))
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "a"
+
+
+def test_hand_over_when_the_leader_stops(kube: Kube) -> None:
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert a.tick(T0)
+    a.release(T0 + timedelta(seconds=2))
+    assert not a.leading
+    assert b.tick(T0 + timedelta(seconds=3)), "a released Lease is taken at the follower's next tick"
+    assert not a.tick(T0 + timedelta(seconds=4))
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 0, "a release is not a takeover of a live holder"
+
+
+def test_take_over_after_the_lease_duration_when_the_leader_vanishes(kube: Kube) -> None:
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert a.tick(T0)
+    # a stops without releasing (killed): b waits out the duration, then takes over.
+    assert not b.tick(T0 + LEASE)
+    assert b.tick(T0 + LEASE + timedelta(seconds=1))
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and lease["spec"]["leaseTransitions"] == 1
+    assert not a.tick(T0 + LEASE + timedelta(seconds=2)), "the old leader comes back as a follower"
+
+
+def test_a_leader_cut_off_stops_acting_before_the_lease_expires(emulator: EmulatorServer, kube: Kube) -> None:
+    from homelab_autoscaler.sim.emulator import Fault
+
+    a = elector(kube, "a")
+    assert a.tick(T0)
+    emulator.emulator.faults.append(Fault(match=lambda r: r.plural == "leases", status=503, times=None))
+    assert a.tick(T0 + timedelta(seconds=5)), "one failed renewal inside the renew deadline keeps it"
+    assert not a.tick(T0 + a.renew_deadline + timedelta(seconds=1)), "past the renew deadline it stops"
+
+
+async def test_two_replicas_only_the_leader_writes_and_signals(emulator: EmulatorServer, kube: Kube) -> None:
+    """Two replicas on one cluster: the follower keeps its picture and neither writes nor signals."""
+    world = World(emulator)
+    world.slot("s1")
+    world.kubelet("s1", "off")
+    one, two = Quiet(), Quiet()
+    first = Watchers(kube, one, namespaces=[NS], elector=elector(kube, "first"))
+    second = Watchers(kube, two, namespaces=[NS], elector=elector(kube, "second"))
+    await first.pump()
+    await second.pump()
+    assert first.dispatcher.acting and not second.dispatcher.acting
+    assert first.writer.slot_writes == 1 and one.count("refresh") == 1
+    world.kubelet("s1", "on")
+    await second.pump()
+    await first.pump()
+    assert second.writer.slot_writes == 0 and two.sent == []
+    assert first.writer.slot_writes == 2
+    # The leader stops: it releases the Lease; the follower takes over and catches up with every report.
+    await first.stop_leading()
+    world.kubelet("s1", "off")
+    assert await second.lead()
+    assert second.writer.slot_writes == 1, "the new leader's first pass brings every report up to date"
+    assert two.count("refresh") == 1 and two.count("observe_slot") == 1
+    assert World(emulator).status("s1")["powerState"] == "off"
+    # Should the old one come back, it is a follower now: it keeps its picture fresh and writes nothing.
+    world.kubelet("s1", "on")
+    await first.pump()
+    assert not first.dispatcher.acting and first.writer.slot_writes == 2
+
+
+async def test_health_endpoints(emulator: EmulatorServer, kube: Kube) -> None:
+    World(emulator).slot("s1")
+    w = Watchers(kube, Quiet(), namespaces=[NS])
+    health = HealthServer("127.0.0.1", 0, alive=w.alive, ready=lambda: w.ready)
+    port = await health.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                assert resp.status == 503, "not ready before every watch listed"
+            await w.pump()
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                assert resp.status == 200
+    finally:
+        await health.stop()
+
+
+async def test_the_process_path_with_threads_reports_a_change(emulator: EmulatorServer, kube: Kube) -> None:
+    world = World(emulator)
+    world.slot("s1")
+    w = Watchers(kube, Quiet(), namespaces=[NS], elector=elector(kube, "solo"), window=2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(w.run(stop, renew_every=0.2))
+    try:
+        deadline = time.monotonic() + 10
+        while not (w.dispatcher.acting and world.status("s1").get("phase") == "off"):
+            assert time.monotonic() < deadline, "the first report of s1 within 10 s of start"
+            await asyncio.sleep(0.05)
+        world.kubelet("s1", "on")
+        while world.status("s1").get("powerState") != "on":
+            assert time.monotonic() < deadline, "the report of s1 followed its kubelet within 10 s"
+            await asyncio.sleep(0.05)
+        assert w.alive()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and not lease["spec"].get("holderIdentity"), "released on stop"
+
+
+def test_settings_defaults_and_environment(monkeypatch: object) -> None:
+    s = WatchSettings(namespaces=["a"], health_port=0, lease_duration_seconds=30)
+    assert s.namespaces == ["a"] and s.lease_name == "homelab-autoscaler-watch" and s.identity

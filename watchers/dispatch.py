@@ -1,0 +1,305 @@
+"""Watch events become signals and report writes.
+
+* kubelet Node → the observation of its slot, sent to the slot's live claim workflow (else to the group
+  workflow, which applies law 3 or adopts) only when it changed: the debounce compares the facts a decision
+  reads (`Observation.same_facts`) and the target, so heartbeats cost nothing. Each observation carries the
+  watcher's clock in `observed_at`; the workflows drop one older than what they hold. After every (re)list
+  every slot's observation is sent once, whatever was sent before.
+* Job → `job_finished` to its claim (or, for a law-3 Job, to the slot's release workflow), once per Job.
+* NodeClaim → a deletionTimestamp, or a deletion, is `mark_for_deletion(DeletedByHand)` once per claim; a
+  claim no workflow runs (applied by hand) makes its group reload, which takes it over.
+* slot and Group → a new, changed (spec) or deleted one makes its group reload; every Group gets its workflow
+  signalled-with-start after each list of the Groups.
+
+Every event also refreshes the reports it can change. Nothing is signalled or written until every watch has
+listed once (`ready`), and only while this replica leads; the cache is kept warm either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from activities.kube_activities import job_status, observe, readiness_taints
+from api import contracts as c
+from api.names import LABEL_NODE, LABEL_NODECLAIM, ClaimReason
+from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Resource
+from kube.watch import DELETED, SYNCED, WatchEvent
+from watchers.cluster import JSON, Cluster, Key, key_of, meta, newer_or_same, spec
+from watchers.report import ReportWriter
+from watchers.signals import SignalSink
+
+log = logging.getLogger(__name__)
+
+RELEASE_MARK = "-release-"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        cluster: Cluster,
+        signals: SignalSink,
+        writer: ReportWriter,
+        *,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.cluster = cluster
+        self.signals = signals
+        self.writer = writer
+        self.clock = clock
+        self.acting = False  # every watch listed once, and this replica leads
+        self.sent: dict[Key, tuple[str, c.Observation]] = {}  # per slot: the target and what it was told
+        self.finished_jobs: set[tuple[str, str, str]] = set()
+        self.hand_deleted: set[tuple[str, str, str]] = set()
+        self.dropped_stale = 0
+
+    # --- the one entry point ---------------------------------------------------------------------------
+    async def handle(self, resource: Resource, event: WatchEvent, *, relisting: bool = False) -> None:
+        """Fold one event into the picture, then act on it (when acting)."""
+        if resource is KUBELET_NODES:
+            await self._node(event, relisting)
+        elif resource is JOBS:
+            await self._job(event)
+        elif resource is CLAIMS:
+            await self._claim(event, relisting)
+        elif resource is SLOTS:
+            await self._slot(event, relisting)
+        elif resource is GROUPS:
+            await self._group(event, relisting)
+
+    async def start_acting(self) -> None:
+        """Leadership (or readiness) gained: what happened while nobody acted is delivered now (hand deletions,
+        finished Jobs), every group is signalled, every observation sent, every report brought up to date.
+        """
+        self.acting = True
+        self.sent.clear()
+        for claim in list(self.cluster.claims.values()):
+            if meta(claim).get("deletionTimestamp"):
+                await self._hand_deleted(claim)
+        for job in list(self.cluster.jobs.values()):
+            await self._job_finished(job)
+        await self.refresh_groups()
+        await self.observe_all()
+        await self.writer.everything(self.clock())
+
+    def stop_acting(self) -> None:
+        self.acting = False
+
+    # --- observations ------------------------------------------------------------------------------------
+    def observation(self, key: Key) -> c.Observation | None:
+        slot = self.cluster.slots.get(key)
+        if slot is None:
+            return None
+        group = self.cluster.group_of(key)
+        return observe(self.cluster.node_of(slot), readiness_taints(group), self.clock())
+
+    async def observe(self, key: Key, *, force: bool = False) -> bool:
+        """Send the slot's observation where it belongs, unless the same facts already went there."""
+        if not self.acting:
+            return False
+        obs = self.observation(key)
+        if obs is None:
+            return False
+        ns, slot = key
+        group = str(spec(self.cluster.slots[key]).get("group") or "")
+        live = self.cluster.live_claim(key)
+        target = c.claim_workflow_id(ns, str(meta(live).get("name"))) if live else c.group_workflow_id(ns, group)
+        held = self.sent.get(key)
+        if not force and held is not None and held[0] == target and obs.same_facts(held[1]):
+            return False
+        delivered = False
+        if live is not None:
+            delivered = await self.signals.claim(ns, str(meta(live).get("name")), "observe", obs)
+        if not delivered:
+            # No live claim, or its workflow is gone: the group routes it (law 3, adoption, a draining claim).
+            target = c.group_workflow_id(ns, group)
+            exists = (ns, group) in self.cluster.groups
+            delivered = await self.signals.group(ns, group, "observe_slot", c.SlotObservation(slot, obs), start=exists)
+        if delivered:
+            self.sent[key] = (target, obs)
+        return delivered
+
+    async def observe_all(self) -> None:
+        for key in list(self.cluster.all_slots()):
+            await self.observe(key, force=True)
+
+    async def refresh_groups(self) -> None:
+        for ns, name in sorted(self.cluster.groups):
+            if not meta(self.cluster.groups[(ns, name)]).get("deletionTimestamp"):
+                await self.signals.group(ns, name, "refresh")
+
+    async def _refresh(self, ns: str, group: str) -> None:
+        if self.acting and group:
+            await self.signals.group(ns, group, "refresh", start=(ns, group) in self.cluster.groups)
+
+    async def _reports(self, slots: list[Key], groups: set[tuple[str, str]] | None = None) -> None:
+        if not self.acting:
+            return
+        now = self.clock()
+        touched = set(groups or ())
+        for key in slots:
+            if key in self.cluster.slots:
+                await self.writer.slot(key, now)
+                touched.add((key[0], str(spec(self.cluster.slots[key]).get("group") or "")))
+        for ns, name in sorted(touched):
+            await self.writer.group(ns, name, now)
+
+    # --- the cache ---------------------------------------------------------------------------------------
+    def _fold(self, store: dict[Any, JSON], key: Any, event: WatchEvent) -> tuple[JSON | None, bool]:
+        """Store the event's object; returns the version held before and whether the event was taken."""
+        old = store.get(key)
+        obj = event.object or {}
+        if event.type == DELETED:
+            store.pop(key, None)
+            return old, True
+        if not newer_or_same(obj, old):
+            self.dropped_stale += 1
+            return old, False
+        store[key] = obj
+        return old, True
+
+    # --- kubelet Nodes -----------------------------------------------------------------------------------
+    async def _node(self, event: WatchEvent, relisting: bool) -> None:
+        if event.type == SYNCED:
+            await self.observe_all()
+            await self._reports(list(self.cluster.all_slots()))
+            return
+        obj = event.object or {}
+        _, taken = self._fold(self.cluster.nodes, str(meta(obj).get("name")), event)
+        if not taken or relisting:
+            return
+        slots = self.cluster.slots_of_node(obj)
+        for key in slots:
+            await self.observe(key)
+        await self._reports(slots)
+
+    # --- Jobs --------------------------------------------------------------------------------------------
+    async def _job(self, event: WatchEvent) -> None:
+        if event.type == SYNCED or event.object is None:
+            return
+        job = event.object
+        key = key_of(job)
+        if event.type == DELETED:
+            self.cluster.jobs.pop(key, None)
+            self.finished_jobs.discard((*key, str(meta(job).get("uid") or "")))
+            return
+        self.cluster.jobs[key] = job
+        if not self.acting:
+            return
+        slot = str((meta(job).get("labels") or {}).get(LABEL_NODE) or "")
+        if slot:
+            await self._reports([(key[0], slot)])
+        await self._job_finished(job)
+
+    async def _job_finished(self, job: JSON) -> None:
+        """`job_finished` to the Job's claim, or to the slot's release workflow, once per Job."""
+        ns, name = key_of(job)
+        ident = (ns, name, str(meta(job).get("uid") or ""))
+        state = job_status(name, job)
+        if state.state not in (c.JOB_SUCCEEDED, c.JOB_FAILED) or ident in self.finished_jobs:
+            return
+        labels = meta(job).get("labels") or {}
+        slot = str(labels.get(LABEL_NODE) or "")
+        finished = c.JobFinished(job=name, succeeded=state.state == c.JOB_SUCCEEDED, reason=state.reason)
+        claim = str(labels.get(LABEL_NODECLAIM) or "")
+        if claim:
+            await self.signals.claim(ns, claim, "job_finished", finished)
+        elif slot and RELEASE_MARK in name:
+            await self.signals.release(ns, slot, "job_finished", finished)
+        else:
+            return
+        # Once per Job, delivered or not: a workflow that missed it reads the Job when its own timer fires.
+        self.finished_jobs.add(ident)
+
+    async def _hand_deleted(self, claim: JSON) -> None:
+        """`mark_for_deletion(DeletedByHand)` once per claim (by uid): a delete through the API is a scale-down."""
+        ns, name = key_of(claim)
+        ident = (ns, name, str(meta(claim).get("uid") or ""))
+        if ident not in self.hand_deleted:
+            self.hand_deleted.add(ident)
+            await self.signals.claim(ns, name, "mark_for_deletion", c.MarkRequest(ClaimReason.DELETED_BY_HAND))
+
+    # --- NodeClaims --------------------------------------------------------------------------------------
+    async def _claim(self, event: WatchEvent, relisting: bool) -> None:
+        if event.type == SYNCED or event.object is None:
+            return
+        key = key_of(event.object)
+        old, taken = self._fold(self.cluster.claims, key, event)
+        if not taken:
+            return
+        obj = event.object if event.type != DELETED else (old or event.object)
+        ns, name = key
+        slot_key = (ns, str(spec(obj).get("node") or ""))
+        if not self.acting:
+            return
+        if event.type == DELETED:
+            await self._hand_deleted(obj)
+            self.hand_deleted.discard((ns, name, str(meta(obj).get("uid") or "")))  # gone: its uid never returns
+        elif meta(event.object).get("deletionTimestamp"):
+            await self._hand_deleted(obj)
+        elif old is None and not await self.signals.claim_running(ns, name):
+            # Applied by hand (or left by a lost run): the group's reload takes it over, newest-wins included.
+            await self._refresh(ns, str(spec(obj).get("group") or ""))
+        if slot_key[1]:
+            if not relisting:
+                await self.observe(slot_key)  # the live claim may have changed: the new one hears the machine
+            await self._reports([slot_key])
+
+    # --- slots -------------------------------------------------------------------------------------------
+    async def _slot(self, event: WatchEvent, relisting: bool) -> None:
+        if event.type == SYNCED:
+            await self.observe_all()
+            await self._reports(list(self.cluster.all_slots()))
+            return
+        obj = event.object or {}
+        key = key_of(obj)
+        old, taken = self._fold(self.cluster.slots, key, event)
+        if not taken:
+            return
+        ns = key[0]
+        if event.type == DELETED:
+            self.sent.pop(key, None)
+            group = str(spec(old).get("group") or "")
+            if not relisting:
+                await self._refresh(ns, group)
+            await self._reports([], {(ns, group)} if group else set())
+            return
+        changed = old is None or any(
+            meta(old).get(f) != meta(obj).get(f) for f in ("generation", "deletionTimestamp", "uid")
+        )
+        if not changed:
+            return  # a status write (ours): nothing a workflow decides from
+        groups = {str(spec(obj).get("group") or ""), str(spec(old).get("group") or "")} - {""}
+        if not relisting:
+            for group in sorted(groups):
+                await self._refresh(ns, group)
+            await self.observe(key, force=True)
+        await self._reports([key], {(ns, g) for g in groups})
+
+    # --- Groups ------------------------------------------------------------------------------------------
+    async def _group(self, event: WatchEvent, relisting: bool) -> None:
+        if event.type == SYNCED:
+            if self.acting:
+                await self.refresh_groups()
+            return
+        obj = event.object or {}
+        key = key_of(obj)
+        old, taken = self._fold(self.cluster.groups, key, event)
+        if not taken or relisting:
+            return
+        ns, name = key
+        if event.type == DELETED:
+            if self.acting:
+                await self.signals.group(ns, name, "refresh", start=False)  # it winds down; nothing to start
+            return
+        if old is not None and all(
+            meta(old).get(f) == meta(obj).get(f) for f in ("generation", "deletionTimestamp", "uid")
+        ):
+            return  # a status write
+        await self._refresh(ns, name)
+        slots = self.cluster.slots_of_group(ns, name)
+        for slot_key in slots:  # the readiness taints may have changed, and with them what is usable
+            await self.observe(slot_key)
+        await self._reports(slots, {key})

@@ -1,0 +1,244 @@
+"""The `watch` role: five watches, one dispatcher, the report writer, a Lease, and the health endpoints.
+
+`Watchers` is the whole role as one object. `pump()` drives it deterministically (every source drained in
+a fixed order, events handled until nothing new arrives), which is what tests and the initial sync use;
+`run(stop)` is the process: a thread per watch feeding one asyncio queue, the Lease ticking, and the expiry
+pass scheduled at the history's next expiry (bounded by the resync interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from temporalio.client import Client
+
+from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, Resource
+from watchers.cluster import Cluster
+from watchers.dispatch import Dispatcher
+from watchers.health import HealthServer
+from watchers.leader import LeaderElector
+from watchers.report import ReportWriter
+from watchers.settings import WatchSettings
+from watchers.signals import Signals, SignalSink
+from watchers.sources import Source, Tagged
+
+log = logging.getLogger(__name__)
+
+# The order of the initial sync: what a slot's observation depends on is in the picture before the Nodes.
+ORDER: tuple[Resource, ...] = (GROUPS, SLOTS, CLAIMS, KUBELET_NODES, JOBS)
+PUMP_ROUNDS = 20
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Watchers:
+    """The watchers of some namespaces (all when none are given); `elector` None means always the leader."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        signals: SignalSink,
+        *,
+        namespaces: tuple[str, ...] | list[str] = (),
+        elector: LeaderElector | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        window: int = 30,
+        resync: timedelta = timedelta(minutes=5),
+    ) -> None:
+        self.kube = kube
+        self.signals = signals
+        self.elector = elector
+        self.clock = clock
+        self.resync = resync
+        self.cluster = Cluster()
+        self.writer = ReportWriter(kube, self.cluster, digest=signals.claim_digest)
+        self.dispatcher = Dispatcher(self.cluster, signals, self.writer, clock=clock)
+        spaces: list[str | None] = list(namespaces) or [None]
+        self.sources: list[Source] = []
+        for res in ORDER:
+            for ns in [None] if not res.namespaced else spaces:
+                self.sources.append(Source(kube, res, ns, window=window))
+        self._threads: list[threading.Thread] = []
+
+    # --- state -------------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Every watch has listed once: the picture covers the whole cluster."""
+        return all(s.synced for s in self.sources)
+
+    @property
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading
+
+    def alive(self) -> bool:
+        return not self._threads or all(t.is_alive() for t in self._threads)
+
+    async def lead(self, now: datetime | None = None) -> bool:
+        """Tick the Lease (when there is one) and start or stop acting accordingly; True while acting."""
+        if self.elector is not None:
+            await asyncio.to_thread(self.elector.tick, now or self.clock())
+        should = self.ready and self.leading
+        if should and not self.dispatcher.acting:
+            await self.dispatcher.start_acting()
+        elif not should and self.dispatcher.acting:
+            self.dispatcher.stop_acting()
+        return self.dispatcher.acting
+
+    async def stop_leading(self, now: datetime | None = None) -> None:
+        """Stop acting and release the Lease, so another replica takes over at its next tick."""
+        self.dispatcher.stop_acting()
+        if self.elector is not None:
+            await asyncio.to_thread(self.elector.release, now or self.clock())
+
+    # --- deterministic driving ---------------------------------------------------------------------------
+    async def handle(self, tagged: Tagged) -> None:
+        await self.dispatcher.handle(tagged.source.resource, tagged.event, relisting=tagged.relisting)
+
+    async def pump(self) -> int:
+        """Drain every watch in order and handle what came, until a round brings nothing; the events handled.
+
+        A write made while handling (a report, a stamp) comes back as an event of its own, hence the rounds.
+        """
+        total = 0
+        for _ in range(PUMP_ROUNDS):
+            batch: list[Tagged] = []
+            for source in self.sources:
+                batch += await asyncio.to_thread(source.drain)
+            for tagged in batch:
+                await self.handle(tagged)
+            total += len(batch)
+            if not self.dispatcher.acting:
+                await self.lead()
+            if not batch:
+                break
+        return total
+
+    # --- the process -------------------------------------------------------------------------------------
+    def _start_threads(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Tagged]) -> None:
+        def emit(tagged: Tagged) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, tagged)
+
+        for source in self.sources:
+            thread = threading.Thread(target=source.run, args=(emit,), name=f"watch {source.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    async def _consume(self, queue: asyncio.Queue[Tagged]) -> None:
+        while True:
+            tagged = await queue.get()
+            try:
+                await self.handle(tagged)
+            except Exception:  # one bad event must not stop the watchers; the resync repairs what it missed
+                log.exception("handling %s %s failed", tagged.event.type, tagged.source.name)
+
+    async def _leadership(self, every: float) -> None:
+        while True:
+            try:
+                await self.lead()
+            except Exception:
+                log.exception("leader election tick failed")
+            await asyncio.sleep(every)
+
+    async def _expiry(self) -> None:
+        """The history's expiry pass, due when the oldest row leaves its window, and a periodic resync."""
+        while True:
+            now = self.clock()
+            due = self.writer.next_expiry()
+            # At least a second: a follower does not prune, so a past expiry must not make this spin.
+            wait = self.resync if due is None else min(self.resync, max(due - now, timedelta(seconds=1)))
+            await asyncio.sleep(wait.total_seconds())
+            if self.dispatcher.acting:
+                try:
+                    await self.writer.everything(self.clock())
+                except Exception:
+                    log.exception("report pass failed")
+
+    async def run(self, stop: asyncio.Event, *, renew_every: float = 5.0) -> None:
+        """Run until `stop` is set; then stop acting, release the Lease and close the watches."""
+        await self.pump()  # the initial sync, in a fixed order
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Tagged] = asyncio.Queue()
+        self._start_threads(loop, queue)
+        tasks = [
+            asyncio.create_task(self._consume(queue), name="watch events"),
+            asyncio.create_task(self._leadership(renew_every), name="lease"),
+            asyncio.create_task(self._expiry(), name="report expiry"),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            await self.stop_leading()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self.close()
+
+    def close(self) -> None:
+        """Close every watch and wait (bounded) for its thread."""
+        for source in self.sources:
+            source.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads.clear()
+
+
+async def run_watch(settings: WatchSettings) -> None:
+    """The `homelab-autoscaler watch` process: runs until SIGINT or SIGTERM."""
+    from homelab_autoscaler.temporal import DATA_CONVERTER
+
+    kube = Kube.connect(
+        server=settings.kube_server,
+        kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
+        context=settings.kube_context,
+        timeout=settings.kube_timeout_seconds,
+    )
+    client = await Client.connect(
+        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=DATA_CONVERTER
+    )
+    elector = LeaderElector(
+        kube,
+        settings.lease_namespace,
+        settings.lease_name,
+        settings.identity,
+        timedelta(seconds=settings.lease_duration_seconds),
+    )
+    watchers = Watchers(
+        kube,
+        Signals(client, settings.task_queue),
+        namespaces=settings.namespaces,
+        elector=elector,
+        window=settings.watch_window_seconds,
+        resync=timedelta(seconds=settings.resync_seconds),
+    )
+    health = HealthServer(
+        settings.health_host, settings.health_port, alive=watchers.alive, ready=lambda: watchers.ready
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    port = await health.start()
+    log.info(
+        "watchers up: health on %s:%d, lease %s/%s as %s",
+        settings.health_host,
+        port,
+        settings.lease_namespace,
+        settings.lease_name,
+        settings.identity,
+    )
+    try:
+        await watchers.run(stop, renew_every=settings.lease_renew_seconds)
+    finally:
+        await health.stop()
+        kube.close()

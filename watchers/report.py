@@ -1,0 +1,431 @@
+"""The report writer: the one writer of `Node.status` and of the observed half of `Group.status`.
+
+A slot's report is a function of facts other writers own: the live claim (its phase from the claim resource,
+its scale-down mark from the claim's workflow), and the kubelet Node (power, usability). The phase comes from
+the law's `derive`, the history from `workflows.history.record` (the only code that writes those fields), and
+the rest from the facts as they are. Nothing reads the report to decide anything.
+
+Writes are merge patches of the keys that changed, guarded by the slot's resourceVersion: a former leader
+that still writes from an older picture gets a Conflict instead of undoing a newer report. A report that is
+already right is not written at all, so a quiet cluster costs no writes.
+
+Decisions:
+
+* Marker conditions. `ScaleUpInFlight` is True while the live claim is pending or booting and not marked (a
+  machine is being bought). `ScaleDownInFlight` is True while the live claim is marked, or while the report is
+  `draining` (a machine is being let go, with or without a claim). Their clocks move only when the status
+  flips.
+* `lastClaim` is the newest claim resource of the slot; when no claim exists (collected by its TTL) the
+  digest already on the slot is kept, which is the point of having it.
+* Group health: `unknown` with no slots; a slot is in trouble when its newest claim failed or when a ready
+  claim's machine is not usable (reported booting); `offline` when every slot is, `degraded` when some are,
+  `healthy` otherwise.
+* `powerOffNodePolicy: Delete`: the kubelet Node is deleted once the slot's newest claim has ended with its
+  `MachineObservedOff` condition True, no claim is live and the Node is not Ready; a template of the Node
+  (labels, lasting taints, capacity, allocatable) is written into `status.nodeTemplate` first, and the Node is
+  deleted only after that write landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from activities.kube_activities import observe, readiness_taints, template_of
+from api import contracts as c
+from api.names import (
+    LABEL_GROUP,
+    LABEL_NODE,
+    ClaimPhase,
+    ConditionType,
+    GroupHealth,
+    PowerOffNodePolicy,
+    PowerState,
+    Report,
+    provider_id,
+)
+from api.v2alpha1 import ClaimDigest, Condition, NodeStatus, NodeTemplate
+from kube.adapter import GROUPS, SLOTS, Kube
+from kube.errors import Conflict, NotFound
+from watchers.cluster import (
+    Cluster,
+    Key,
+    claim_condition,
+    claim_phase,
+    meta,
+    newer_or_same,
+    spec,
+    status,
+)
+from workflows import history, law
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+Digest = Callable[[str, str], Awaitable[c.ClaimDigest | None]]
+WRITE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class SlotFacts:
+    """Everything a slot's report is a function of (None for `last_claim`/`template`: keep what is there)."""
+
+    live_claim: str | None
+    live_phase: ClaimPhase | None
+    marked: bool
+    power: PowerState
+    usable: bool
+    last_claim: ClaimDigest | None = None
+    template: NodeTemplate | None = None
+
+
+# --- pure: facts to report --------------------------------------------------------------------------------
+def _condition(
+    held: Mapping[str, Condition], kind: ConditionType, on: bool, reason: str, message: str, now: datetime
+) -> Condition:
+    """A marker condition whose clock moves only when its status flips (as every Kubernetes condition)."""
+    before = held.get(kind)
+    state = "True" if on else "False"
+    since = before.last_transition_time if before is not None and before.status == state else now
+    return Condition(type=kind, status=state, reason=reason, message=message, last_transition_time=since)
+
+
+def markers(facts: SlotFacts, report: Report, held: list[Condition], now: datetime) -> list[Condition]:
+    """The autoscaler marker conditions (see the module docstring); other condition types are kept as held."""
+    by_type = {cond.type: cond for cond in held}
+    buying = facts.live_phase in law.BOOT_WINDOW and not facts.marked
+    claim = facts.live_claim or ""
+    up = _condition(
+        by_type,
+        ConditionType.SCALE_UP_IN_FLIGHT,
+        buying,
+        f"Claim{str(facts.live_phase).capitalize()}" if buying else "NoScaleUp",
+        f"claim {claim} is {facts.live_phase}" if buying else "",
+        now,
+    )
+    letting_go = facts.marked or report is Report.DRAINING
+    if facts.marked:
+        down_reason, down_message = "ClaimMarked", f"claim {claim} is marked for deletion"
+    elif letting_go:
+        down_reason, down_message = "MachineUnwanted", "the machine is on and no live claim wants it"
+    else:
+        down_reason, down_message = "NoScaleDown", ""
+    down = _condition(by_type, ConditionType.SCALE_DOWN_IN_FLIGHT, letting_go, down_reason, down_message, now)
+    ours = {ConditionType.SCALE_UP_IN_FLIGHT.value, ConditionType.SCALE_DOWN_IN_FLIGHT.value}
+    return [cond for cond in held if cond.type not in ours] + [up, down]
+
+
+def report_of(facts: SlotFacts) -> Report:
+    return law.derive(law.Input(facts.live_phase, facts.marked, facts.power, facts.usable))
+
+
+def slot_status(current: NodeStatus, facts: SlotFacts, now: datetime) -> NodeStatus:
+    """The slot's report for these facts at `now`: the phase and its history through `history.record`."""
+    report = report_of(facts)
+    recorded = history.record(current, report, now)
+    update: dict[str, Any] = {
+        "power_state": facts.power,
+        "conditions": markers(facts, report, list(current.conditions), now),
+    }
+    if facts.last_claim is not None:
+        update["last_claim"] = facts.last_claim
+    if facts.template is not None:
+        update["node_template"] = facts.template
+    return recorded.model_copy(update=update)
+
+
+def _dump(model: Any) -> JSON:
+    doc: JSON = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return doc
+
+
+def merge_diff(have: Mapping[str, Any], want: Mapping[str, Any]) -> JSON:
+    """The RFC 7386 merge patch that turns `have` into `want`: objects recurse (a merge patch merges them, so a
+    key that went away must be sent as null), everything else is sent whole when it differs.
+    """
+    patch: JSON = {}
+    for key in sorted(set(have) | set(want)):
+        old, new = have.get(key), want.get(key)
+        if old == new:
+            continue
+        if key not in want:
+            patch[key] = None
+        elif isinstance(old, dict) and isinstance(new, dict):
+            patch[key] = merge_diff(old, new)
+        else:
+            patch[key] = new
+    return patch
+
+
+def status_patch(current: Any, desired: Any) -> JSON:
+    """The merge patch from one status model to another (empty when the report is already right)."""
+    return merge_diff(_dump(current), _dump(desired))
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> NodeStatus:
+    """The slot's report as stored; an unreadable one starts over rather than stopping every future report."""
+    try:
+        return NodeStatus.model_validate(status(raw))
+    except ValidationError as exc:
+        log.warning("slot %s: unreadable status replaced: %s", meta(raw).get("name"), exc.errors()[:1])
+        return NodeStatus()
+
+
+def digest_of(claim: Mapping[str, Any]) -> ClaimDigest | None:
+    """Node.status.lastClaim from a claim resource (None when the resource does not fit the schema)."""
+    sp, st = spec(claim), status(claim)
+    doc = {
+        "name": meta(claim).get("name"),
+        "phase": str(claim_phase(claim)),
+        "attempt": st.get("attempt"),
+        "call": sp.get("call"),
+        "group": sp.get("group"),
+        "reason": st.get("reason") or None,
+        "requestedAt": sp.get("requestedAt"),
+        "deadlineAt": sp.get("deadlineAt"),
+        "finishedAt": st.get("finishedAt"),
+    }
+    try:
+        return ClaimDigest.model_validate(doc)
+    except ValidationError:
+        log.warning("claim %s: digest skipped, the claim does not fit the schema", doc["name"])
+        return None
+
+
+def node_template(node: Mapping[str, Any], taints: list[JSON], now: datetime) -> NodeTemplate | None:
+    """The lasting shape of a kubelet Node (see `activities.kube_activities.template_of`) as a status field."""
+    snap = template_of(node, taints, now)
+    try:
+        return NodeTemplate.model_validate(
+            {
+                "labels": meta(snap).get("labels") or {},
+                "taints": spec(snap).get("taints") or [],
+                "capacity": status(snap).get("capacity") or {},
+                "allocatable": status(snap).get("allocatable") or {},
+                "takenAt": now,
+            }
+        )
+    except ValidationError as exc:
+        log.warning("Node %s: no template kept: %s", meta(node).get("name"), exc.errors()[:1])
+        return None
+
+
+def group_health(troubled: list[bool]) -> GroupHealth:
+    if not troubled:
+        return GroupHealth.UNKNOWN
+    if all(troubled):
+        return GroupHealth.OFFLINE
+    return GroupHealth.DEGRADED if any(troubled) else GroupHealth.HEALTHY
+
+
+# --- the writer -------------------------------------------------------------------------------------------
+class ReportWriter:
+    """Writes slot and group reports from a `Cluster` picture; `slot_writes`/`group_writes` count the writes.
+
+    `digest` asks a claim's workflow for its digest (the scale-down mark lives there); without it only a
+    deletionTimestamp marks a claim.
+    """
+
+    def __init__(self, kube: Kube, cluster: Cluster, *, digest: Digest | None = None) -> None:
+        self.kube = kube
+        self.cluster = cluster
+        self.digest = digest
+        self.slot_writes = 0
+        self.group_writes = 0
+        self.deleted_nodes: list[str] = []
+
+    async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The adapter is synchronous: run it off the event loop, so signals and workflows keep moving."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # --- slots -------------------------------------------------------------------------------------------
+    async def facts(self, key: Key, now: datetime) -> tuple[SlotFacts, JSON | None, bool]:
+        """The slot's facts, the kubelet Node they were read from, and whether that Node is due for deletion."""
+        cl = self.cluster
+        slot = cl.slots[key]
+        group = cl.group_of(key)
+        node = cl.node_of(slot)
+        taints = readiness_taints(group)
+        seen = observe(node, taints, now)
+        live = cl.live_claim(key)
+        marked = False
+        if live is not None:
+            marked = bool(meta(live).get("deletionTimestamp")) or _condition_true(live, "MarkedForDeletion")
+            if not marked and self.digest is not None:
+                held = await self.digest(key[0], str(meta(live).get("name")))
+                marked = bool(held is not None and held.marked)
+        newest = cl.newest_claim(key)
+        policy = spec(group).get("powerOffNodePolicy") or PowerOffNodePolicy.DELETE
+        delete_node = (
+            policy == PowerOffNodePolicy.DELETE
+            and node is not None
+            and live is None
+            and newest is not None
+            and law.is_terminal(claim_phase(newest))
+            and claim_condition(newest, ConditionType.MACHINE_OBSERVED_OFF)
+            and seen.power == PowerState.OFF
+        )
+        facts = SlotFacts(
+            live_claim=None if live is None else str(meta(live).get("name")),
+            live_phase=None if live is None else claim_phase(live),
+            marked=marked,
+            power=PowerState(seen.power),
+            usable=seen.usable,
+            last_claim=None if newest is None else digest_of(newest),
+            template=node_template(node, taints, now) if delete_node and node is not None else None,
+        )
+        return facts, node, delete_node
+
+    async def slot(self, key: Key, now: datetime) -> bool:
+        """Bring one slot's report up to date; True when something was written. A slot being deleted is left."""
+        for _ in range(WRITE_ATTEMPTS):
+            raw = self.cluster.slots.get(key)
+            if raw is None or meta(raw).get("deletionTimestamp"):
+                return False
+            facts, node, delete_node = await self.facts(key, now)
+            if node is not None:
+                await self._stamp_identity(key, raw, node)
+            current = parse_status(raw)
+            desired = slot_status(current, facts, now)
+            patch = status_patch(current, desired)
+            if not patch:
+                return False
+            try:
+                written = await self._io(
+                    self.kube.patch_slot_status,
+                    key[0],
+                    key[1],
+                    patch,
+                    resource_version=str(meta(raw).get("resourceVersion") or "") or None,
+                )
+            except Conflict:
+                await self._reread(key)
+                continue
+            except NotFound:
+                self.cluster.slots.pop(key, None)
+                return False
+            self.slot_writes += 1
+            self._remember_slot(key, _dump(written))
+            if delete_node and node is not None:
+                await self._delete_node(str(meta(node).get("name")))
+            return True
+        log.warning("slot %s/%s: report not written, it kept changing under the writer", *key)
+        return False
+
+    def _remember_slot(self, key: Key, obj: JSON) -> None:
+        if newer_or_same(obj, self.cluster.slots.get(key)):
+            self.cluster.slots[key] = obj
+
+    async def _reread(self, key: Key) -> None:
+        try:
+            self.cluster.slots[key] = await self._io(self.kube.get_raw, SLOTS, key[0], key[1])
+        except NotFound:
+            self.cluster.slots.pop(key, None)
+
+    async def _stamp_identity(self, key: Key, slot: JSON, node: JSON) -> None:
+        """Label the kubelet Node with its group and slot, and give it our providerID when it has none."""
+        group = str(spec(slot).get("group") or "")
+        labels = meta(node).get("labels") or {}
+        if labels.get(LABEL_GROUP) == group and labels.get(LABEL_NODE) == key[1] and spec(node).get("providerID"):
+            return
+        name = str(meta(node).get("name"))
+        try:
+            stamped = await self._io(
+                self.kube.stamp_slot_identity,
+                name,
+                group=group,
+                slot=key[1],
+                provider_id=str(spec(slot).get("providerID") or provider_id(key[0], key[1])),
+            )
+        except NotFound:
+            return
+        if newer_or_same(stamped, self.cluster.nodes.get(name)):
+            self.cluster.nodes[name] = stamped
+
+    async def _delete_node(self, name: str) -> None:
+        """powerOffNodePolicy Delete: the machine is verified off and its template is kept; the Node goes."""
+        await self._io(self.kube.delete_node, name)
+        self.cluster.nodes.pop(name, None)
+        self.deleted_nodes.append(name)
+        log.info("deleted kubelet Node %s: its machine was verified off (powerOffNodePolicy Delete)", name)
+
+    # --- groups ------------------------------------------------------------------------------------------
+    async def group(self, namespace: str, name: str, now: datetime) -> bool:
+        """The observed half of Group.status (slots, on, off, health); True when it was written."""
+        for _ in range(WRITE_ATTEMPTS):
+            raw = self.cluster.groups.get((namespace, name))
+            if raw is None or meta(raw).get("deletionTimestamp"):
+                return False
+            want = await self._group_counts(namespace, name, now)
+            have = status(raw)
+            patch = {k: v for k, v in want.items() if k not in have or have[k] != v}
+            if not patch:
+                return False
+            try:
+                written = await self._io(
+                    self.kube.patch_group_status,
+                    namespace,
+                    name,
+                    patch,
+                    resource_version=str(meta(raw).get("resourceVersion") or "") or None,
+                )
+            except Conflict:
+                try:
+                    self.cluster.groups[(namespace, name)] = await self._io(self.kube.get_raw, GROUPS, namespace, name)
+                except NotFound:
+                    self.cluster.groups.pop((namespace, name), None)
+                continue
+            except NotFound:
+                self.cluster.groups.pop((namespace, name), None)
+                return False
+            self.group_writes += 1
+            obj = _dump(written)
+            if newer_or_same(obj, self.cluster.groups.get((namespace, name))):
+                self.cluster.groups[(namespace, name)] = obj
+            return True
+        return False
+
+    async def _group_counts(self, namespace: str, name: str, now: datetime) -> JSON:
+        keys = [
+            k
+            for k in self.cluster.slots_of_group(namespace, name)
+            if not meta(self.cluster.slots[k]).get("deletionTimestamp")
+        ]
+        on = 0
+        troubled: list[bool] = []
+        for key in keys:
+            facts, _, _ = await self.facts(key, now)
+            on += facts.power == PowerState.ON
+            newest = self.cluster.newest_claim(key)
+            failed = newest is not None and claim_phase(newest) == ClaimPhase.FAILED
+            stuck = facts.live_phase == ClaimPhase.READY and report_of(facts) is not Report.READY and not facts.marked
+            troubled.append(failed or stuck)
+        return {"slots": len(keys), "on": on, "off": len(keys) - on, "health": str(group_health(troubled))}
+
+    # --- every report ------------------------------------------------------------------------------------
+    async def everything(self, now: datetime) -> int:
+        """Every slot and group report (the expiry pass and the resync); the number of writes."""
+        written = 0
+        for key in list(self.cluster.all_slots()):
+            written += await self.slot(key, now)
+        for namespace, name in sorted(self.cluster.groups):
+            written += await self.group(namespace, name, now)
+        return written
+
+    def next_expiry(self) -> datetime | None:
+        """When the oldest history row of any slot leaves its window: the expiry pass is due then."""
+        due = [history.next_expiry(parse_status(s)) for s in self.cluster.slots.values()]
+        found = [d for d in due if d is not None]
+        return min(found) if found else None
+
+
+def _condition_true(obj: Mapping[str, Any], kind: str) -> bool:
+    """A claim's condition, as its workflow projected it."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(cd.get("type") == kind and cd.get("status") == "True" for cd in conditions)
