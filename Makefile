@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds proto histories clean
+.PHONY: test run lint typecheck unit crds proto histories e2e clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ proto: $(STAMP)
 histories: $(STAMP)
 	rm -f tests/histories/*.json
 	HOMELAB_RECORD_HISTORIES=1 $(BIN)/pytest -q tests/test_workflows.py
+
+# kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
+e2e: $(STAMP)
+	$(BIN)/pytest -m e2e tests/e2e -v -rs --timeout 3600
 
 run: $(STAMP)
 	$(BIN)/homelab-autoscaler dev --simulate

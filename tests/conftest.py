@@ -8,7 +8,8 @@ through the real `kubernetes` client and its HTTP wire format, never a mock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,73 @@ def examples() -> dict[str, list[dict[str, Any]]]:
     return {
         path.stem: [d for d in yaml.safe_load_all(path.read_text()) if d] for path in sorted(EXAMPLES.glob("*.yaml"))
     }
+
+
+# --- RBAC usage: what the operator asked the emulated API server, across the whole session ----------------
+# Every `EmulatorServer` a test starts (directly, through the `emulator` fixture, or inside a HomelabServer)
+# is remembered; after the test, the requests it received are added to `RBAC_USAGE`. tests/test_rbac.py
+# checks that set against deploy/rbac in a test that runs after every other one (see
+# `pytest_collection_modifyitems`). Modules whose requests do not come from the operator are left out.
+
+RBAC_NOT_THE_OPERATOR = {
+    "test_emulator.py": "drives the emulator with raw clients to test the emulator itself",
+    "test_homelab.py": "drives the simulated homelab with raw clients (kubelets, Jobs) to test the simulation",
+    "test_kube_adapter.py": "unit tests of every adapter method, including ones no role of the operator calls",
+}
+
+
+@dataclass(frozen=True, order=True)
+class Use:
+    """One kind of request: an RBAC (group, resource[/subresource], verb) and whether it spans namespaces."""
+
+    group: str
+    resource: str
+    verb: str
+    cluster_wide: bool  # a namespaced resource requested across all namespaces needs a ClusterRole
+
+
+RBAC_USAGE: dict[Use, str] = {}  # each use → the first test that made it
+
+
+def use_of(info: Any) -> Use | None:
+    """The RBAC use of one `RequestInfo`; None for non-resource paths (discovery)."""
+    if info.plural is None:
+        return None
+    resource = f"{info.plural}/{info.subresource}" if info.subresource else info.plural
+    return Use(info.group or "", resource, info.verb, info.namespace is None)
+
+
+def uses_of(requests: Iterable[Any]) -> set[Use]:
+    return {u for u in map(use_of, requests) if u is not None}
+
+
+@pytest.fixture(autouse=True)
+def _record_rbac_usage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    started: list[EmulatorServer] = []
+    original = EmulatorServer.start
+
+    def start(self: EmulatorServer) -> EmulatorServer:
+        started.append(self)
+        return original(self)
+
+    monkeypatch.setattr(EmulatorServer, "start", start)
+    yield
+    if request.path.name in RBAC_NOT_THE_OPERATOR:
+        return
+    for server in started:
+        emulator = server._emulator  # still readable after stop()
+        if emulator is None:
+            continue
+        for use in uses_of(list(emulator.requests)):
+            RBAC_USAGE.setdefault(use, request.node.nodeid)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `rbac_session` read `RBAC_USAGE`, so they run after every other test."""
+    last = [item for item in items if item.get_closest_marker("rbac_session")]
+    if last:
+        items[:] = [item for item in items if item not in last] + last
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "rbac_session: checks what the whole session asked of the API server")
