@@ -37,7 +37,9 @@ def channel(args: argparse.Namespace) -> grpc.Channel:
 
 def _node_groups(stub: Any, args: argparse.Namespace) -> str:
     resp = stub.NodeGroups(pb.NodeGroupsRequest(), timeout=args.timeout)
-    rows: list[tuple[str, ...]] = [("ID", "MIN", "MAX")] + [(g.id, str(g.minSize), str(g.maxSize)) for g in resp.nodeGroups]
+    rows: list[tuple[str, ...]] = [("ID", "MIN", "MAX")] + [
+        (g.id, str(g.minSize), str(g.maxSize)) for g in resp.nodeGroups
+    ]
     return _table(rows)
 
 

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from api.contracts import TASK_QUEUE
 
@@ -32,6 +38,7 @@ class Settings(BaseSettings):
     kube_timeout_seconds: float = Field(10.0, gt=0, le=120)
     activity_threads: int = Field(16, ge=1, le=256)
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_format: str = Field("text", pattern="^(text|json)$", description="plain text or one JSON object per line")
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> Settings:
@@ -42,3 +49,30 @@ class Settings(BaseSettings):
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: {path} is not a readable file")
         return self
+
+
+S = TypeVar("S", bound=Settings)
+
+
+def load_settings(cls: type[S], flags: dict[str, Any], config_file: Path | None = None) -> S:
+    """Flags over HOMELAB_AUTOSCALER_* over the optional YAML file over the defaults, validated once."""
+    if config_file is not None and not config_file.is_file():
+        raise ValueError(f"config file {config_file} does not exist")
+
+    class FromFile(cls):  # type: ignore[valid-type,misc]
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+            if config_file is not None:
+                sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
+            return sources
+
+    FromFile.__name__ = cls.__name__
+    return FromFile(**flags)

@@ -17,7 +17,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 from temporalio.client import Client
 
-from homelab_autoscaler.temporal import DATA_CONVERTER
+from homelab_autoscaler.temporal import connect
 from kube.adapter import Kube
 from proto import externalgrpc_pb2 as pb
 from provider.service import CloudProvider, method_handlers
@@ -97,9 +97,7 @@ async def serve(
 ) -> None:
     """Run the provider until SIGINT/SIGTERM (or `stop`), connecting to Temporal and Kubernetes if not given."""
     if client is None:
-        client = await Client.connect(
-            settings.temporal_address, namespace=settings.temporal_namespace, data_converter=DATA_CONVERTER
-        )
+        client = await connect(settings)
     owned = kube is None
     if kube is None:
         kube = Kube.connect(

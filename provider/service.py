@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import any_pb2, duration_pb2, message
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 
 from api import contracts as c
 from api.names import LABEL_GROUP
@@ -170,7 +171,9 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
     @classmethod
     def build(cls, settings: ProviderSettings, client: Client, kube: Any) -> CloudProvider:
         catalog = Catalog(kube, settings.namespaces, ttl=settings.catalog_ttl_seconds)
-        return cls(settings, catalog, GroupGateway(client, settings.task_queue))
+        runtime = client.service_client.config.runtime or Runtime.default()
+        metrics = CallMetrics(meter=runtime.metric_meter)
+        return cls(settings, catalog, GroupGateway(client, settings.task_queue), metrics)
 
     def budget(self, context: grpc.aio.ServicerContext) -> float:
         """This call's time: the configured budget, shortened to fit the caller's own deadline."""

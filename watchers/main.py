@@ -192,19 +192,26 @@ class Watchers:
         self._threads.clear()
 
 
-async def run_watch(settings: WatchSettings) -> None:
-    """The `homelab-autoscaler watch` process: runs until SIGINT or SIGTERM."""
-    from homelab_autoscaler.temporal import DATA_CONVERTER
+async def run_watch(
+    settings: WatchSettings,
+    *,
+    client: Client | None = None,
+    kube: Kube | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """The `homelab-autoscaler watch` role: runs until SIGINT/SIGTERM (or `stop`); `run` lends its client and kube."""
+    from homelab_autoscaler.temporal import connect
 
-    kube = Kube.connect(
-        server=settings.kube_server,
-        kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
-        context=settings.kube_context,
-        timeout=settings.kube_timeout_seconds,
-    )
-    client = await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=DATA_CONVERTER
-    )
+    owned = kube is None
+    if kube is None:
+        kube = Kube.connect(
+            server=settings.kube_server,
+            kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.kube_context,
+            timeout=settings.kube_timeout_seconds,
+        )
+    if client is None:
+        client = await connect(settings)
     elector = LeaderElector(
         kube,
         settings.lease_namespace,
@@ -223,11 +230,12 @@ async def run_watch(settings: WatchSettings) -> None:
     health = HealthServer(
         settings.health_host, settings.health_port, alive=watchers.alive, ready=lambda: watchers.ready
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
     port = await health.start()
     log.info(
         "watchers up: health on %s:%d, lease %s/%s as %s",
@@ -241,4 +249,5 @@ async def run_watch(settings: WatchSettings) -> None:
         await watchers.run(stop, renew_every=settings.lease_renew_seconds)
     finally:
         await health.stop()
-        kube.close()
+        if owned:
+            kube.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from homelab_autoscaler.settings import Settings
 
@@ -18,7 +20,7 @@ def _default_identity() -> str:
 class WatchSettings(Settings):
     """The watchers and the report writer. Two replicas may run; the Lease lets one of them act at a time."""
 
-    namespaces: list[str] = Field(
+    namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="namespaces whose Groups, slots, claims and Jobs are watched; empty means every namespace",
     )
@@ -31,3 +33,11 @@ class WatchSettings(Settings):
     identity: str = Field(default_factory=_default_identity, min_length=1, description="this replica's Lease holder")
     watch_window_seconds: int = Field(30, ge=1, le=600, description="the server-side timeout of one watch request")
     resync_seconds: float = Field(300.0, gt=0, description="upper bound between two passes over every report")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """`a,b` from a flag or HOMELAB_AUTOSCALER_NAMESPACES, like the provider reads it."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

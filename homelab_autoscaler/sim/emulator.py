@@ -717,33 +717,55 @@ class KubeEmulator(kmock.KubernetesEmulator):
         table: bool = False,
     ) -> aiohttp.web.StreamResponse:
         if table and "as=Table" in raw_request.headers.get("Accept", ""):
-            payload = self._as_table(payload)
+            payload = self._as_table(payload, spec)
         return aiohttp.web.json_response(payload, status=status)
 
-    def _as_table(self, payload: Obj) -> Obj:
-        """A meta.k8s.io/v1 Table (Name, Age) so ``kubectl get`` prints without the CRD's printer columns."""
+    def _as_table(self, payload: Obj, spec: ResourceSpec) -> Obj:
+        """A meta.k8s.io/v1 Table for `kubectl get`: Name, then the CRD's printer columns (or Age)."""
         items = payload.get("items", [payload])
-        now = self.clock()
+        columns = list(spec.printer_columns) or [
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "priority": 0}
+        ]
         rows = []
         for item in items:
             meta = _meta(item)
-            created = meta.get("creationTimestamp")
-            age = "<unknown>"
-            if created:
-                start = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-                age = _human_age((now - start).total_seconds())
+            cells: list[Any] = [meta.get("name")]
+            cells += [self._cell(item, col) for col in columns]
             partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
-            rows.append({"cells": [meta.get("name"), age], "object": partial})
+            rows.append({"cells": cells, "object": partial})
+        definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+        definitions += [
+            {
+                "name": col["name"],
+                "type": "string" if col.get("type") == "date" else col.get("type", "string"),
+                "format": "",
+                "description": col.get("description", col["name"]),
+                "priority": int(col.get("priority", 0)),
+            }
+            for col in columns
+        ]
         return {
             "kind": "Table",
             "apiVersion": "meta.k8s.io/v1",
             "metadata": {"resourceVersion": str(self._rv)},
-            "columnDefinitions": [
-                {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0},
-                {"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0},
-            ],
+            "columnDefinitions": definitions,
             "rows": rows,
         }
+
+    def _cell(self, obj: Mapping[str, Any], column: Mapping[str, Any]) -> Any:
+        """One printer-column cell: a simple `.a.b` JSONPath; dates shown as ages, like the API server does."""
+        value: Any = obj
+        for part in str(column.get("jsonPath", "")).strip(".").split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value is None:
+            return "<none>" if column.get("type") != "date" else "<unknown>"
+        if column.get("type") == "date":
+            try:
+                start = datetime.datetime.strptime(str(value)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+            except ValueError:
+                return str(value)
+            return _human_age((self.clock() - start).total_seconds())
+        return value
 
     def _check_rv_param(self, spec: ResourceSpec, raw: str | None, *, watch: bool) -> int | None:
         if raw in (None, "", "0"):

@@ -6,7 +6,12 @@ Resources are keyed by (group, version, plural) so that ``infra.homecluster.dev/
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from api.crds import crds as _generated_crds
 
 __all__ = ["CRD_GROUP", "CRD_VERSION", "DEFAULT_RESOURCES", "ResKey", "ResourceSpec"]
 
@@ -39,6 +44,8 @@ class ResourceSpec:
     verbs: frozenset[str] = _ALL_VERBS
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = field(default=())
+    # additionalPrinterColumns of a CRD ({name, type, jsonPath, priority}), served to `kubectl get` as a Table.
+    printer_columns: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def key(self) -> ResKey:
@@ -53,7 +60,15 @@ class ResourceSpec:
         return self.kind.lower()
 
 
-def _crd(plural: str, kind: str, short_names: tuple[str, ...]) -> ResourceSpec:
+@cache
+def crds() -> dict[str, dict[str, Any]]:
+    return _generated_crds()
+
+
+def _crd(plural: str, kind: str) -> ResourceSpec:
+    """A CRD served as our generated CustomResourceDefinition declares it: short names and printer columns."""
+    version = crds()[kind]["spec"]["versions"][0]
+    short_names = tuple(crds()[kind]["spec"]["names"]["shortNames"])
     return ResourceSpec(
         CRD_GROUP,
         CRD_VERSION,
@@ -65,13 +80,14 @@ def _crd(plural: str, kind: str, short_names: tuple[str, ...]) -> ResourceSpec:
         custom=True,
         short_names=short_names,
         categories=("homelab",),
+        printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
     )
 
 
 DEFAULT_RESOURCES: tuple[ResourceSpec, ...] = (
-    _crd("groups", "Group", ("hg",)),
-    _crd("nodes", "Node", ("hn",)),
-    _crd("nodeclaims", "NodeClaim", ("nc",)),
+    _crd("groups", "Group"),
+    _crd("nodes", "Node"),
+    _crd("nodeclaims", "NodeClaim"),
     ResourceSpec("", "v1", "nodes", "Node", namespaced=False, status_subresource=True, short_names=("no",)),
     ResourceSpec("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True),
     ResourceSpec("", "v1", "events", "Event", namespaced=True, short_names=("ev",)),

@@ -110,6 +110,8 @@ class GroupState:
             self.claims[digest.name] = digest
         if slot is None:
             return
+        if held is not None and held.phase == ClaimPhase.PENDING and digest.phase == ClaimPhase.BOOTING:
+            slot.activations += 1  # counted here until the next reload reads the report's own number
         if law.is_live(digest.phase) and not digest.workflow_done:
             slot.live_claim = digest.name
         else:
