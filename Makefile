@@ -40,7 +40,7 @@ e2e: $(STAMP)
 	$(BIN)/pytest -m e2e tests/e2e -v -rs --timeout 3600
 
 run: $(STAMP)
-	$(BIN)/homelab-autoscaler dev --simulate
+	$(BIN)/homelab-autoscaler dev --simulate --demo
 
 clean:
 	rm -rf $(VENV)

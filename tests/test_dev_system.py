@@ -1,0 +1,106 @@
+"""`homelab-autoscaler dev --simulate` as a newcomer runs it: a real process on free loopback ports, driven by the
+cluster-autoscaler stand-in, read back with `claims list/show` and /metrics, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.procs import BIN, ROOT, free_port, port_open, wait_for
+
+CLI = str(BIN / "homelab-autoscaler")
+
+
+def run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state != "Z"
+
+
+def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
+    temporal, ui, kube, provider, health, metrics = (free_port() for _ in range(6))
+    args = [
+        CLI, "dev", "--simulate", "--time-scale", "0",
+        "--temporal-port", str(temporal), "--ui-port", str(ui), "--kube-port", str(kube),
+        "--provider-address", f"127.0.0.1:{provider}", "--health-port", str(health),
+        "--metrics-address", f"127.0.0.1:{metrics}", "--lease-duration-seconds", "3", "--lease-renew-seconds", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    log = (tmp_path / "dev.log").open("wb")
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    temporal_opts = ["--temporal-address", f"127.0.0.1:{temporal}", "--metrics-address", ""]
+    ca = ["autoscaler", "--provider-address", f"127.0.0.1:{provider}"]
+    try:
+        wait_for(lambda: port_open(provider), timeout=60, what="the provider of `dev` to listen")
+        wait_for(lambda: port_open(ui), timeout=30, what="the embedded Web UI")
+        helpers = children_of(proc.pid)
+        assert helpers, "the embedded Temporal server runs as a child process"
+
+        def nodes() -> str:
+            return run([*ca, "nodes", "workers"]).stdout
+
+        wait_for(lambda: run([*ca, "node-groups"]).returncode == 0, timeout=30, what="NodeGroups to answer")
+        up = run([*ca, "increase", "workers", "2"])
+        assert up.returncode == 0 and up.stdout.strip() == "2", up.stderr
+        wait_for(lambda: nodes().count("running") == 2, timeout=60, what="two machines running")
+
+        down = run([*ca, "delete-nodes", "workers", "homelab://homelab-autoscaler-system/worker-1"])
+        assert down.returncode == 0 and down.stdout.strip() == "1", down.stderr
+        wait_for(lambda: "worker-1 " not in nodes() + " ", timeout=90, what="worker-1 powered off and gone")
+
+        def listing() -> str:
+            return run(["claims", "list", *temporal_opts]).stdout
+
+        wait_for(lambda: "completed" in listing(), timeout=30, what="claims list to show the completed claim")
+        rows = listing()
+        assert re.search(r"worker-1-\w+\s+workers\s+worker-1\s+completed\s+NodeDeleted", rows), rows
+        assert re.search(r"worker-2-\w+\s+workers\s+worker-2\s+ready", rows), rows
+        name = re.search(r"(worker-1-\w+)", rows).group(1)  # type: ignore[union-attr]
+        shown = run(["claims", "show", name, *temporal_opts])
+        assert shown.returncode == 0, shown.stderr
+        for step in ("phase booting", "phase ready", "signal: mark_for_deletion", "phase completed (NodeDeleted)"):
+            assert step in shown.stdout, shown.stdout
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        assert re.search(r'homelab_claims\{group="workers",[^}]*phase="ready"[^}]*\} 1', text), text[:2000]
+        assert re.search(r'homelab_provider_calls\{code="OK",method="NodeGroupIncreaseSize"', text)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=5).status == 200
+
+        kubectl = ["kubectl", "--server", f"http://127.0.0.1:{kube}", "get", "nodes.infra.homecluster.dev", "-A"]
+        if Path("/usr/bin/kubectl").exists():
+            report = subprocess.run(
+                kubectl, capture_output=True, text=True, timeout=30, env={"KUBECONFIG": "/dev/null"}
+            )
+            assert re.search(r"worker-2\s+workers\s+on\s+ready\s+1", report.stdout), report.stdout + report.stderr
+    finally:
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise AssertionError("`dev` did not stop within 30 s of SIGTERM") from None
+        log.close()
+    assert code == 0, (tmp_path / "dev.log").read_text()[-3000:]
+    assert time.monotonic() - started < 30
+    leftovers = [pid for pid in helpers if alive(pid)]
+    assert not leftovers, f"processes left running after SIGTERM: {leftovers}"
+    assert not port_open(temporal) and not port_open(provider) and not port_open(kube)
