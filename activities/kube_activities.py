@@ -27,6 +27,9 @@ from api.names import JobType
 from api.v2alpha1 import ClaimDigest, Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
 from kube.adapter import CLAIMS, GROUPS, SLOTS, Kube, ObjectRef
 from kube.errors import Invalid, NotFound
+from kube.objects import meta as _meta
+from kube.objects import spec as _spec
+from kube.objects import status as _status
 from workflows import law
 
 log = logging.getLogger(__name__)
@@ -73,21 +76,6 @@ def _mapped(what: str) -> Iterator[None]:
         raise _fail(NOT_FOUND, f"{what}: {exc}") from exc
     except Invalid as exc:
         raise _fail(INVALID, f"{what}: {exc}") from exc
-
-
-def _meta(obj: Mapping[str, Any] | None) -> JSON:
-    meta = (obj or {}).get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
-def _spec(obj: Mapping[str, Any] | None) -> JSON:
-    spec = (obj or {}).get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def _status(obj: Mapping[str, Any] | None) -> JSON:
-    status = (obj or {}).get("status")
-    return status if isinstance(status, dict) else {}
 
 
 def _time(value: Any) -> datetime | None:

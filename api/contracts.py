@@ -65,6 +65,12 @@ class Observation:
         """True when both are stamped and this one was made before `held`: a stale signal delivered late."""
         return self.observed_at is not None and held.observed_at is not None and self.observed_at < held.observed_at
 
+    def replacing(self, held: Observation) -> tuple[Observation, bool]:
+        """What a holder keeps when this arrives (a stale one is dropped), and whether a decision input changed."""
+        if self.older_than(held):
+            return held, False
+        return self, not self.same_facts(held)
+
     def same_facts(self, other: Observation | None) -> bool:
         """Equal in everything a decision reads (the stamp aside): the watchers' debounce uses this."""
         return other is not None and (self.power, self.usable, self.exists, self.gate_open) == (

@@ -88,15 +88,6 @@ def setup_logging(settings: Settings) -> None:
 
 
 # --- the pieces ----------------------------------------------------------------------------------------------
-def kube_for(settings: Settings) -> Kube:
-    return Kube.connect(
-        server=settings.kube_server,
-        kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
-        context=settings.kube_context,
-        timeout=settings.kube_timeout_seconds,
-    )
-
-
 def stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -142,7 +133,7 @@ async def worker_role(settings: Settings) -> int:
     client = await checked_client(settings)
     if client is None:
         return 2
-    kube = kube_for(settings)
+    kube = Kube.for_settings(settings)
     try:
         await run_worker(settings, client, kube, stop_on_signals())
     finally:
@@ -155,7 +146,7 @@ async def run_all(settings: RunSettings, stop: asyncio.Event, *, extra: list[Awa
     client = await checked_client(settings)
     if client is None:
         return 2
-    kube = kube_for(settings)
+    kube = Kube.for_settings(settings)
     roles = [
         asyncio.create_task(run_worker(settings, client, kube, stop), name="worker"),
         asyncio.create_task(serve_provider(settings, client=client, kube=kube, stop=stop), name="provider"),

@@ -142,6 +142,16 @@ class Kube:
             k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
         return cls(k8s.ApiClient(configuration), timeout=timeout)
 
+    @classmethod
+    def for_settings(cls, settings: Any, *, timeout: float | None = None) -> Kube:
+        """From the operator's settings (kube_server, kubeconfig, kube_context, kube_timeout_seconds)."""
+        return cls.connect(
+            server=settings.kube_server,
+            kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.kube_context,
+            timeout=timeout if timeout is not None else settings.kube_timeout_seconds,
+        )
+
     def close(self) -> None:
         self.api_client.close()
 

@@ -100,13 +100,8 @@ async def serve(
         client = await connect(settings)
     owned = kube is None
     if kube is None:
-        kube = Kube.connect(
-            server=settings.kube_server,
-            kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
-            context=settings.kube_context,
-            # A read must fit inside one call's budget, or cluster-autoscaler gives up first.
-            timeout=min(settings.kube_timeout_seconds, settings.rpc_timeout_seconds),
-        )
+        # A read must fit inside one call's budget, or cluster-autoscaler gives up first.
+        kube = Kube.for_settings(settings, timeout=min(settings.kube_timeout_seconds, settings.rpc_timeout_seconds))
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

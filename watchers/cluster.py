@@ -12,25 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api import names
+from kube.objects import meta, spec, status
 from workflows import law
 
 JSON = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
-
-
-def meta(obj: Mapping[str, Any] | None) -> JSON:
-    m = (obj or {}).get("metadata")
-    return m if isinstance(m, dict) else {}
-
-
-def spec(obj: Mapping[str, Any] | None) -> JSON:
-    s = (obj or {}).get("spec")
-    return s if isinstance(s, dict) else {}
-
-
-def status(obj: Mapping[str, Any] | None) -> JSON:
-    s = (obj or {}).get("status")
-    return s if isinstance(s, dict) else {}
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:

@@ -204,12 +204,7 @@ async def run_watch(
 
     owned = kube is None
     if kube is None:
-        kube = Kube.connect(
-            server=settings.kube_server,
-            kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
-            context=settings.kube_context,
-            timeout=settings.kube_timeout_seconds,
-        )
+        kube = Kube.for_settings(settings)
     if client is None:
         client = await connect(settings)
     elector = LeaderElector(

@@ -70,11 +70,7 @@ class ReleaseWorkflow(Verbs):
         return c.SlotRef(self.seed.namespace, self.seed.slot)
 
     def take(self, observation: c.Observation) -> bool:
-        held = self.observation
-        if observation.older_than(held):
-            return False
-        changed = not observation.same_facts(held)
-        self.observation = observation
+        self.observation, changed = observation.replacing(self.observation)
         return changed
 
     @property

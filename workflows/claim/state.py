@@ -94,11 +94,7 @@ class ClaimState:
     # --- writes ------------------------------------------------------------------------------------------
     def take(self, observation: Observation) -> bool:
         """Keep an observation unless it is older than the one held; True when a decision input changed."""
-        held = self.observation
-        if observation.older_than(held):
-            return False
-        changed = not observation.same_facts(held)
-        self.observation = observation
+        self.observation, changed = observation.replacing(self.observation)
         return changed
 
     def set_condition(self, kind: ConditionType, status: bool, reason: str, message: str, now: datetime) -> bool:
