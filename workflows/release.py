@@ -12,14 +12,14 @@ from temporalio.common import SearchAttributeKey
 from api import contracts as c
 from api.names import EventReason
 from workflows.shutdown import ShutdownBook, shut_down
-from workflows.verbs import Verbs
+from workflows.verbs import SlotVerbs
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)
 
 
 @workflow.defn(name="ReleaseWorkflow")
-class ReleaseWorkflow(Verbs):
+class ReleaseWorkflow(SlotVerbs):
     @workflow.init
     def __init__(self, seed: c.ReleaseSeed) -> None:
         self.seed = seed

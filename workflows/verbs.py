@@ -5,6 +5,7 @@ Activities are called by name (see `api.contracts.Act`), so no Kubernetes code i
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -42,12 +43,6 @@ class Deadline(Exception):
 
 class Verbs:
     """Time, details, activities and waits; subclasses say which slot they watch and when a deadline applies."""
-
-    def slot_ref(self) -> c.SlotRef:
-        raise NotImplementedError("a workflow using Verbs names its slot")
-
-    def take(self, observation: c.Observation) -> bool:
-        raise NotImplementedError("a workflow using Verbs keeps its observation")
 
     def deadline(self) -> datetime | None:
         """The instant that ends waits made with `deadline_applies=True` (none by default)."""
@@ -93,12 +88,6 @@ class Verbs:
             workflow.logger.warning("%s failed: %s", summary, err.cause or err)
             return None
 
-    async def observe_now(self) -> bool:
-        """Read the truth about the machine (a lost signal costs latency, never correctness)."""
-        ref = self.slot_ref()
-        obs = await self.read(c.Act.OBSERVE_SLOT, ref, c.Observation, f"observe slot {ref.slot}")
-        return obs is not None and self.take(obs)
-
     async def wait(
         self,
         done: Callable[[], bool],
@@ -127,3 +116,21 @@ class Verbs:
         if deadline is not None and self.now() >= deadline:
             raise Deadline
         return False
+
+
+class SlotVerbs(Verbs, ABC):
+    """Verbs of a workflow that watches one slot's machine (a claim, a release)."""
+
+    @abstractmethod
+    def slot_ref(self) -> c.SlotRef:
+        """The slot whose machine this workflow drives."""
+
+    @abstractmethod
+    def take(self, observation: c.Observation) -> bool:
+        """Keep an observation unless it is stale; True when a decision input changed."""
+
+    async def observe_now(self) -> bool:
+        """Read the truth about the machine (a lost signal costs latency, never correctness)."""
+        ref = self.slot_ref()
+        obs = await self.read(c.Act.OBSERVE_SLOT, ref, c.Observation, f"observe slot {ref.slot}")
+        return obs is not None and self.take(obs)

@@ -17,7 +17,7 @@ from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
 from workflows import claims, metrics
 from workflows.claim.state import ClaimState
 from workflows.shutdown import ShutdownBook
-from workflows.verbs import Verbs
+from workflows.verbs import SlotVerbs
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)
@@ -33,7 +33,7 @@ MOVE_EVENTS: dict[str, EventReason] = {
 }
 
 
-class ClaimRuntime(Verbs):
+class ClaimRuntime(SlotVerbs):
     """Claim state plus verbs; `NodeClaimWorkflow` adds the handlers and the order of the steps."""
 
     s: ClaimState
