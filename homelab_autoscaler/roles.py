@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 from temporalio.client import Client
@@ -74,12 +74,30 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class ClaimContext(logging.Filter):
+    """Name the claim, slot and group on a record from the Temporal workflow it came from (workflow ids say them)."""
+
+    PREFIXES: ClassVar[dict[str, str]] = {"nodeclaim": "claim", "group": "group", "release": "slot"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        info = getattr(record, "temporal_workflow", None) or getattr(record, "temporal_activity", None) or {}
+        kind, _, rest = str(info.get("workflow_id", "")).partition("/")
+        field = self.PREFIXES.get(kind)
+        if field and not hasattr(record, field):
+            setattr(record, field, rest.rpartition("/")[2])
+        record.context = " ".join(
+            f"{k}={getattr(record, k)}" for k in ("group", "slot", "claim") if getattr(record, k, None)
+        )
+        return True
+
+
 def setup_logging(settings: Settings) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ClaimContext())
     if settings.log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s %(context)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)

@@ -76,3 +76,20 @@ def test_environment_and_file_and_flags_in_that_order(tmp_path: Path) -> None:
         env={"HOMELAB_AUTOSCALER_LOG_LEVEL": "WARNING", "PATH": "/usr/bin:/bin"},
     )
     assert res.returncode == 2 and "log_level" in res.stderr, "the flag wins over the environment and the file"
+
+
+def test_log_lines_name_the_claim_from_temporal_context() -> None:
+    import json
+    import logging
+
+    from homelab_autoscaler.roles import ClaimContext, JsonFormatter
+
+    record = logging.LogRecord("temporalio.activity", logging.INFO, __file__, 1, "startup Job created", (), None)
+    record.temporal_activity = {"workflow_id": "nodeclaim/homelab/worker-1-abc123", "activity_type": "create_job"}
+    assert ClaimContext().filter(record)
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["claim"] == "worker-1-abc123" and doc["message"] == "startup Job created"
+    plain = logging.LogRecord("x", logging.INFO, __file__, 1, "reloaded", (), None)
+    plain.temporal_workflow = {"workflow_id": "group/homelab/workers"}
+    ClaimContext().filter(plain)
+    assert plain.context == "group=workers"  # type: ignore[attr-defined]
