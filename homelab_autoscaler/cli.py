@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import types
@@ -139,33 +140,40 @@ def main(argv: list[str] | None = None) -> int:
 
     roles.setup_logging(settings)
     try:
-        if args.command == "claims":
-            rc = asyncio.run(_claims(args, settings))
-            # A short-lived client process can abort in interpreter teardown while the SDK's Rust threads still
-            # run (PyGILState_Release, temporalio/sdk-python#300): the work is done, so skip the teardown.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc)
-        if args.command == "worker":
-            return asyncio.run(roles.worker_role(settings))
-        if args.command == "provider":
-            from provider.server import serve
-
-            asyncio.run(serve(settings))  # type: ignore[arg-type]
-            return 0
-        if args.command == "watch":
-            from watchers.main import run_watch
-
-            asyncio.run(run_watch(settings))  # type: ignore[arg-type]
-            return 0
-        if args.command == "run":
-            return asyncio.run(roles.run_role(settings))  # type: ignore[arg-type]
-        return asyncio.run(roles.dev_role(settings))  # type: ignore[arg-type]
+        rc = _run(args, settings)
     except KeyboardInterrupt:
-        return 130
+        rc = 130
     except (OSError, RuntimeError, TimeoutError) as err:
         print(f"homelab-autoscaler {args.command}: {err}", file=sys.stderr)
-        return 1
+        rc = 1
+    # A process that used a Temporal client can abort in interpreter teardown while the SDK's Rust threads still
+    # run (PyGILState_Release, temporalio/sdk-python#300). Everything is stopped and flushed by now: skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(rc)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from homelab_autoscaler import roles
+
+    if args.command == "claims":
+        return asyncio.run(_claims(args, settings))
+    if args.command == "worker":
+        return asyncio.run(roles.worker_role(settings))
+    if args.command == "provider":
+        from provider.server import serve
+
+        asyncio.run(serve(settings))  # type: ignore[arg-type]
+        return 0
+    if args.command == "watch":
+        from watchers.main import run_watch
+
+        asyncio.run(run_watch(settings))  # type: ignore[arg-type]
+        return 0
+    if args.command == "run":
+        return asyncio.run(roles.run_role(settings))  # type: ignore[arg-type]
+    return asyncio.run(roles.dev_role(settings))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
