@@ -30,10 +30,12 @@ crds: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m proto.generate
 
-# Re-record tests/histories/ (only for an intended, drained incompatibility: see tests/test_replay.py).
+# Add a generation of recorded histories (make histories TAG=v3) when workflow code changed behind a patch:
+# the older generations stay, so every version that may still be running is replayed by tests/test_replay.py.
+TAG ?=
 histories: $(STAMP)
-	rm -f tests/histories/*.json
-	HOMELAB_RECORD_HISTORIES=1 $(BIN)/pytest -q tests/test_workflows.py
+	@test -n "$(TAG)" || (echo "make histories TAG=<generation>: older generations are kept"; exit 2)
+	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py
 
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
 e2e: $(STAMP)

@@ -31,6 +31,8 @@ from workflows.group.workflow import GroupWorkflow
 NS = "homelab"
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("HOMELAB_RECORD_HISTORIES") == "1"
+# A generation prefix: histories of every released workflow version stay, so an upgrade is checked against all.
+TAG = f"{os.environ['HOMELAB_HISTORY_TAG']}-" if os.environ.get("HOMELAB_HISTORY_TAG") else ""
 
 
 def test_server_path() -> str:
@@ -159,7 +161,7 @@ class Lab:
                 hist = await self.client.get_workflow_handle(wid).fetch_history()
             except Exception:
                 continue
-            (HISTORIES / f"{test_name}-{i:02d}.json").write_text(hist.to_json())
+            (HISTORIES / f"{TAG}{test_name}-{i:02d}.json").write_text(hist.to_json())
 
     extra_history_ids: tuple[str, ...] = ()
 

@@ -1,8 +1,8 @@
 """Every recorded history must keep replaying: a change to a workflow's command sequence that is not behind
 `workflow.patched()` fails here before it can break a running claim after an upgrade.
 
-Record them again with `make histories` only when a change is meant to be incompatible (and old workflows
-have been drained); a patched change must replay the old histories as they are.
+Each generation (`make histories TAG=vN`) is kept while workflows of that version may run; a patched change
+must replay the older generations as they are. Deleting one is for a drained, intended incompatibility.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def histories() -> list[WorkflowHistory]:
 
 def test_histories_are_recorded() -> None:
     found = histories()
-    assert len(found) >= 20, "record them with `make histories`"
+    assert len(found) >= 20, "record them with `make histories TAG=<generation>`"
     types = {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in found}
     assert types == {"GroupWorkflow", "NodeClaimWorkflow", "ReleaseWorkflow"}
 
