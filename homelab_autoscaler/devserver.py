@@ -97,6 +97,7 @@ class DevServer:
                 raise RuntimeError(f"the Temporal dev server exited with code {self.process.returncode} at start")
             if _port_open(self.ip, self.port) and (self.headless or _port_open(self.ip, self.ui_port)):
                 log.info("Temporal dev server on %s, Web UI %s, database %s", self.address, self.ui_url, db)
+                print(f"Temporal database: {db}", flush=True)
                 return self
             time.sleep(0.2)
         self.stop()

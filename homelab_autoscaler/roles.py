@@ -214,11 +214,19 @@ async def dev_role(settings: DevSettings) -> int:
     stop = stop_on_signals()
     logs = state_dir()
     logs.mkdir(parents=True, exist_ok=True)
+    simulate = settings.simulate or no_cluster_configured(settings)
+    db_file = settings.temporal_db
+    if simulate and db_file is None:
+        # The simulated homelab lives in memory: claims persisted from an earlier run would describe machines
+        # this one does not have. A simulation starts from an empty Temporal database of its own.
+        db_file = logs / "temporal-simulated.db"
+        for stale in (db_file, db_file.with_name(db_file.name + "-wal"), db_file.with_name(db_file.name + "-shm")):
+            stale.unlink(missing_ok=True)
     server = DevServer(
         ip=settings.temporal_ip,
         port=settings.temporal_port,
         ui_port=settings.ui_port,
-        db_file=settings.temporal_db,
+        db_file=db_file,
         log_file=logs / "temporal-dev-server.log",
     )
     print(f"starting the embedded Temporal server on {server.address} (log: {logs / 'temporal-dev-server.log'})",
@@ -227,7 +235,7 @@ async def dev_role(settings: DevSettings) -> int:
     lab: HomelabServer | None = None
     try:
         updates: dict[str, Any] = {"temporal_address": server.address}
-        if settings.simulate or no_cluster_configured(settings):
+        if simulate:
             spec = load_homelab_spec(settings.homelab)
             lab = HomelabServer(spec, port=settings.kube_port, time_scale=settings.time_scale)
             await asyncio.to_thread(lab.start)
