@@ -161,6 +161,9 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
             assert st["attempt"] == attempt
         assert st["reason"] == "AttemptLimitExceeded"
         assert len([j for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "startup"]) == 3
+        # cluster-autoscaler hears it as missing capacity, and backs off the group instead of retrying at once.
+        (instance,) = await lab.group().query(GroupWorkflow.instances)
+        assert (instance.error_class, instance.error_code) == (1, "no-capacity")
         await lab.record("attempt_limit")
 
 

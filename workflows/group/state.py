@@ -17,9 +17,13 @@ from workflows import law
 # default, minutes when it backs off), so it can see the failure and stop waiting for that node.
 FAILURE_MEMORY = timedelta(minutes=15)
 
+# cluster-autoscaler's error classes: 1 (OutOfResources) makes it back off the whole group, 99 (Other) does not.
+ERROR_CLASS_OUT_OF_RESOURCES = 1
+ERROR_CLASS_OTHER = 99
+# A slot whose machine failed its attempts in a row is capacity the group does not have right now.
+OUT_OF_RESOURCES: dict[str, str] = {"AttemptLimitExceeded": "no-capacity"}
 ERROR_CODES: dict[str, str] = {
     "DeadlineExceeded": "boot-timeout",
-    "AttemptLimitExceeded": "attempt-limit",
     "StartupJobFailed": "startup-job-failed",
     "StartupJobTimeout": "startup-job-timeout",
     "ReadinessGateTimeout": "readiness-timeout",
@@ -147,8 +151,8 @@ class GroupState:
                         slot.name,
                         f.name,
                         "creating",
-                        error_code=ERROR_CODES.get(f.reason, "boot-failed"),
-                        error_class=99,
+                        error_code=OUT_OF_RESOURCES.get(f.reason) or ERROR_CODES.get(f.reason, "boot-failed"),
+                        error_class=ERROR_CLASS_OUT_OF_RESOURCES if f.reason in OUT_OF_RESOURCES else ERROR_CLASS_OTHER,
                         error_message=f"claim {f.name} failed: {f.reason}",
                     )
                 )
