@@ -14,9 +14,18 @@ from api.names import (
     ClaimReason,
     EventReason,
     JobType,
+    NodeEvent,
+    NodeState,
 )
+from workflows import fsm
 from workflows.claim.runtime import ClaimRuntime
 from workflows.shutdown import JOB_OUTCOME_FAILED, JOB_OUTCOME_TIMEOUT, monitor_job, poll_until
+
+# A startup Job that ended badly, as an event of the node state machine, and how the claim says it.
+JOB_EVENTS: dict[str, tuple[NodeEvent, str]] = {
+    JOB_OUTCOME_FAILED: (NodeEvent.JOB_FAILED, "failed"),
+    JOB_OUTCOME_TIMEOUT: (NodeEvent.JOB_TIMEOUT, "did not finish in time"),
+}
 
 
 async def boot(rt: ClaimRuntime) -> None:
@@ -24,18 +33,12 @@ async def boot(rt: ClaimRuntime) -> None:
     s = rt.s
     if s.startup_job:
         outcome = await monitor_job(rt, s.startup_job, JobType.STARTUP, deadline_applies=True)
-        if outcome == JOB_OUTCOME_FAILED:
-            await rt.move(
-                ClaimPhase.FAILED, ClaimReason.STARTUP_JOB_FAILED, f"startup Job {s.startup_job} failed", True
-            )
-            return
-        if outcome == JOB_OUTCOME_TIMEOUT:
-            await rt.move(
-                ClaimPhase.FAILED,
-                ClaimReason.STARTUP_JOB_TIMEOUT,
-                f"startup Job {s.startup_job} did not finish in time",
-                True,
-            )
+        if outcome in JOB_EVENTS:
+            event, said = JOB_EVENTS[outcome]
+            # The node state machine's table says what a failed or timed-out startup Job means for the claim.
+            ends = fsm.consequence(NodeState.STARTINGUP, event)
+            assert ends.claim_phase is not None and ends.reason is not None
+            await rt.move(ends.claim_phase, ends.reason, f"startup Job {s.startup_job} {said}", True)
             return
     if s.marked or s.abandoned:
         return
