@@ -110,6 +110,30 @@ class Watch:
                 )
                 self.stop.wait(self.retry_delay)
 
+    def drain(self) -> list[WatchEvent]:
+        """One non-blocking step: what happened since the last call (relisting when there is no
+        resourceVersion, first or after a 410). Errors are logged; the next step resumes where this stopped.
+        """
+        out: list[WatchEvent] = []
+        try:
+            if not self.resource_version:
+                out += self._relist()
+            saved, self.window = self.window, 0
+            try:
+                out += self._follow()
+            finally:
+                self.window = saved
+        except Gone:
+            log.info("watch %s expired; relisting", self.resource.plural)
+            self.resource_version = ""
+            try:
+                out += self._relist()
+            except KubeError as exc:
+                log.warning("relist %s failed: %s", self.resource.plural, exc)
+        except (KubeError, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            log.warning("watch %s dropped: %s", self.resource.plural, exc)
+        return out
+
     def _relist(self) -> Iterator[WatchEvent]:
         items, rv = self.kube.list_raw(self.resource, self.namespace, self.selector)
         self.relists += 1

@@ -15,10 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import urllib3
-
 from kube.adapter import Kube, Resource
-from kube.errors import Gone, KubeError
 from kube.watch import SYNCED, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -59,28 +56,8 @@ class Source:
         return Tagged(self, event, relisting or event.type == SYNCED)
 
     def drain(self) -> list[Tagged]:
-        """What happened since the last call, now: relist when there is no resourceVersion (first call, 410)."""
-        w = self.watch
-        out: list[Tagged] = []
-        try:
-            if not w.resource_version:
-                out += map(self._tag, w._relist())
-            saved, w.window = w.window, 0
-            try:
-                out += map(self._tag, w._follow())
-            finally:
-                w.window = saved
-        except Gone:
-            log.info("watch %s expired; relisting", self.name)
-            w.resource_version = ""
-            try:
-                out += map(self._tag, w._relist())
-            except KubeError as exc:
-                log.warning("relist %s failed: %s", self.name, exc)
-        except (KubeError, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            # The next drain resumes from the last resourceVersion delivered: nothing is lost, only later.
-            log.warning("watch %s dropped: %s", self.name, exc)
-        return out
+        """What happened since the last call, now (tests and the first sync step through this)."""
+        return [self._tag(event) for event in self.watch.drain()]
 
     def run(self, emit: Callable[[Tagged], None]) -> None:
         """Block delivering events to `emit` until `close()` (run it in a thread)."""
