@@ -568,7 +568,7 @@ def test_kubectl_create_and_get(srv: EmulatorServer, tmp_path: Any) -> None:
     manifest.write_text(
         f"apiVersion: {GV}\nkind: NodeClaim\nmetadata:\n  name: c1\n  namespace: {NS}\nspec:\n  node: n1\n"
     )
-    env = {**os.environ, "KUBECONFIG": os.devnull}
+    env = {**os.environ, "KUBECONFIG": os.devnull, "HOME": str(tmp_path)}  # kubectl caches under $HOME
     base = ["kubectl", "--server", srv.url]
 
     def run(*args: str) -> str:

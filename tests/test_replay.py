@@ -14,10 +14,10 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
-import workflows.claim.workflow as claim_module
+import workflows.legacy.v2.claim_workflow as claim_module
 from api import contracts as c
 from homelab_autoscaler.temporal import DATA_CONVERTER, sandbox_runner
-from workflows.claim.runtime import ClaimRuntime
+from workflows.legacy.v2.claim_runtime import ClaimRuntime
 from workflows.registry import WORKFLOWS
 
 HISTORIES = Path(__file__).parent / "histories"

@@ -11,6 +11,7 @@ from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
 from api.names import EventReason
+from workflows.legacy.v2.release import LegacyRelease
 from workflows.shutdown import ShutdownBook, shut_down
 from workflows.verbs import SlotVerbs
 
@@ -18,9 +19,7 @@ KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)
 
 
-@workflow.defn(name="ReleaseWorkflow")
-class ReleaseWorkflow(SlotVerbs):
-    @workflow.init
+class Release(SlotVerbs):
     def __init__(self, seed: c.ReleaseSeed) -> None:
         self.seed = seed
         self._book = ShutdownBook()
@@ -28,7 +27,6 @@ class ReleaseWorkflow(SlotVerbs):
         self.aborted = False
         self.episode = ""
 
-    @workflow.run
     async def run(self, seed: c.ReleaseSeed) -> bool:
         workflow.upsert_search_attributes([KEY_GROUP.value_set(seed.group), KEY_SLOT.value_set(seed.slot)])
         # A Job name of its own per episode: an earlier release's finished Job must not answer for this one.
@@ -47,19 +45,15 @@ class ReleaseWorkflow(SlotVerbs):
             workflow.logger.info("could not tell group %s: %s", seed.group, err)
         return off
 
-    @workflow.signal
     def observe(self, observation: c.Observation) -> None:
         self.take(observation)
 
-    @workflow.signal
     def job_finished(self, finished: c.JobFinished) -> None:
         self._book.finished_jobs[finished.job] = finished.succeeded
 
-    @workflow.signal
     def abort(self) -> None:
         self.aborted = True
 
-    @workflow.update
     def reset_shutdown_streak(self) -> int:
         before = self._book.attempts
         self._book.reset()
@@ -98,3 +92,36 @@ class ReleaseWorkflow(SlotVerbs):
             c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning),
             f"event {reason} on slot {self.seed.slot}",
         )
+
+
+# The marker of the current generation: a run whose history lacks it is a generation-2 run.
+GENERATION_3 = "release-generation-3"
+
+
+@workflow.defn(name="ReleaseWorkflow")
+class ReleaseWorkflow:
+    """The registered workflow: each run chooses its generation once (see `workflows.legacy`)."""
+
+    @workflow.init
+    def __init__(self, seed: c.ReleaseSeed) -> None:
+        self.impl: Release | LegacyRelease = Release(seed) if workflow.patched(GENERATION_3) else LegacyRelease(seed)
+
+    @workflow.run
+    async def run(self, seed: c.ReleaseSeed) -> bool:
+        return await self.impl.run(seed)
+
+    @workflow.signal
+    def observe(self, observation: c.Observation) -> None:
+        self.impl.observe(observation)
+
+    @workflow.signal
+    def job_finished(self, finished: c.JobFinished) -> None:
+        self.impl.job_finished(finished)
+
+    @workflow.signal
+    def abort(self) -> None:
+        self.impl.abort()
+
+    @workflow.update
+    def reset_shutdown_streak(self) -> int:
+        return self.impl.reset_shutdown_streak()

@@ -1,152 +1,74 @@
-"""NodeClaimWorkflow: one claim, one attempt, from pending to collected.
+"""NodeClaimWorkflow: the registered workflow, and the choice of generation each run makes once.
 
-The run is the phases in order (launch, boot, serve, then reverse or drain, then collect); the handlers only
-record inputs. Every move goes through `ClaimRuntime.move`, which checks the legal-moves table and projects the
-claim's status, so the resource, the search attributes and the group's view never disagree.
+The claim itself is `workflows.claim.claim.Claim`; a run started by an earlier release replays through the
+frozen `workflows.legacy` generation instead. Every handler is handed to the generation the run chose, so the
+handler names and argument types here are the workflow's public interface (docs/upgrades.md: never rename one).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter
 from temporalio import workflow
 
 from api import contracts as c
-from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
-from workflows.claim.boot import boot
-from workflows.claim.collection import collect
-from workflows.claim.launch import launch
-from workflows.claim.liveness import serve
-from workflows.claim.release import drain, reverse
-from workflows.claim.runtime import ClaimRuntime
+from workflows.claim.claim import Claim
 from workflows.claim.state import ClaimState
-from workflows.verbs import Deadline
+from workflows.legacy.v2.claim_state import ClaimState as LegacyClaimState
+from workflows.legacy.v2.claim_workflow import LegacyClaim
+
+# The marker of the current generation: a run whose history lacks it is a generation-2 run.
+GENERATION_3 = "claim-generation-3"
+
+
+def carried_state(kind: type[Any], carried: dict[str, Any] | None) -> Any:
+    """The state a continued run carries, as the class of the generation that reads it."""
+    return None if carried is None else TypeAdapter(kind).validate_python(carried)
 
 
 @workflow.defn(name="NodeClaimWorkflow")
-class NodeClaimWorkflow(ClaimRuntime):
+class NodeClaimWorkflow:
     @workflow.init
-    def __init__(self, seed: c.ClaimSeed, carried: ClaimState | None = None) -> None:
-        self.s = carried if carried is not None else ClaimState.from_seed(seed)
+    def __init__(self, seed: c.ClaimSeed, carried: dict[str, Any] | None = None) -> None:
+        self.impl: Claim | LegacyClaim
+        if workflow.patched(GENERATION_3):
+            self.impl = Claim(seed, carried_state(ClaimState, carried))
+        else:
+            self.impl = LegacyClaim(seed, carried_state(LegacyClaimState, carried))
 
     @workflow.run
-    async def run(self, seed: c.ClaimSeed, carried: ClaimState | None = None) -> c.ClaimDigest:
-        s = self.s
-        if carried is None:
-            await self._begin()
-        try:
-            if s.phase == ClaimPhase.PENDING:
-                await launch(self)
-            if s.phase == ClaimPhase.BOOTING and not s.abandoned:
-                await boot(self)
-            if s.phase == ClaimPhase.READY and not s.marked and not s.abandoned and await serve(self):
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(args=[seed, s.carried()])
-        except Deadline:
-            await self.move(
-                ClaimPhase.FAILED,
-                ClaimReason.DEADLINE_EXCEEDED,
-                f"not ready by the deadline {s.deadline_at:%Y-%m-%d %H:%M:%S}Z",
-                True,
-            )
-        if s.live and s.abandoned:
-            await self.move(ClaimPhase.FAILED, s.abandoned, s.abandoned_message)
-        if s.live and s.marked:
-            await reverse(self)
-        if s.terminal and not s.resource_gone:
-            if not s.abandoned:
-                await drain(self)
-            await collect(self)
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        await self.notify_group(workflow_done=True)
-        return s.digest(workflow_done=True)
+    async def run(self, seed: c.ClaimSeed, carried: dict[str, Any] | None = None) -> c.ClaimDigest:
+        return await self.impl.run(seed, self.impl.s if carried is not None else None)  # type: ignore[arg-type]
 
-    async def _begin(self) -> None:
-        s = self.s
-        seed = s.seed
-        self.search_attributes()
-        if seed.create_resource:
-            await self.write(c.Act.CREATE_CLAIM, seed, f"create claim {seed.name}")
-        self.details("created")
-        await self.project(
-            EventReason.CLAIM_CREATED,
-            f"attempt {seed.attempt} for slot {seed.slot} ({seed.call})",
-        )
-        await self.notify_group()
-
-    # --- handlers: they record inputs, the run decides -------------------------------------------------
     @workflow.signal
     def observe(self, observation: c.Observation) -> None:
-        self.s.take(observation)
+        self.impl.observe(observation)
 
     @workflow.signal
     def job_finished(self, finished: c.JobFinished) -> None:
-        self.s.book.finished_jobs[finished.job] = finished.succeeded
+        self.impl.job_finished(finished)
 
     @workflow.signal
     async def mark_for_deletion(self, request: c.MarkRequest) -> None:
-        """A scale-down or a deletion; the first reason wins (it is the one the completion carries).
-
-        On a claim that already ended, a deletion (kubectl delete, the slot's garbage collection) means: collect
-        now, do not wait for the TTL.
-        """
-        if self.s.terminal:
-            self.s.collect_now = True
-            return
-        if self.s.marked:
-            return
-        self.s.marked = True
-        self.s.mark_reason = request.reason
-        self.s.set_condition(
-            ConditionType.MARKED_FOR_DELETION, True, request.reason, "the machine will be shut down", self.now()
-        )
-        # The mark on the resource, so the slot report sees a scale-down without asking the workflow.
-        if workflow.patched("project-the-mark"):
-            await self.project(summary=f"record the mark ({request.reason}) on claim {self.s.seed.name}")
+        await self.impl.mark_for_deletion(request)
 
     @workflow.signal
     def superseded(self, by: str) -> None:
-        """A newer live claim owns the slot: this one fails without touching the machine it hands over."""
-        self._abandon(ClaimReason.SUPERSEDED, f"superseded by claim {by}")
+        self.impl.superseded(by)
 
     @workflow.signal
     def slot_deleted(self) -> None:
-        """The slot is gone: nothing can be started or stopped through it any more."""
-        self._abandon(ClaimReason.SLOT_DELETED, f"slot {self.s.seed.slot} was deleted")
-
-    def _abandon(self, reason: str, message: str) -> None:
-        if not self.s.abandoned:
-            self.s.abandoned, self.s.abandoned_message = reason, message
+        self.impl.slot_deleted()
 
     @workflow.update
     async def reset_shutdown_streak(self) -> int:
-        """The operator's escape hatch: the spent streak restarts now, not after the grace. Returns the old count."""
-        before = self.s.book.attempts
-        self.s.book.reset()
-        await self.project()
-        return before
+        return await self.impl.reset_shutdown_streak()
 
     @workflow.query
     def status(self) -> dict[str, Any]:
-        s = self.s
-        doc = s.status_document()
-        doc.update(
-            name=s.seed.name,
-            slot=s.seed.slot,
-            group=s.seed.group,
-            call=s.seed.call,
-            marked=s.marked,
-            markReason=s.mark_reason or None,
-            abandoned=s.abandoned_message or None,
-            deadlineAt=None if s.deadline_at is None else s.deadline_at.isoformat(),
-            observation={
-                "power": s.observation.power,
-                "usable": s.observation.usable,
-                "exists": s.observation.exists,
-            },
-        )
-        return doc
+        return self.impl.status()
 
     @workflow.query
     def digest(self) -> c.ClaimDigest:
-        return self.s.digest()
+        return self.impl.digest()

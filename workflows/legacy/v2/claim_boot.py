@@ -1,0 +1,94 @@
+"""booting: the Job monitor, node registration (90 s) and the readiness gate (4 min), then ready.
+
+A boot is reversed, never interrupted: a claim marked while booting lets its startup Job finish, then the
+reversal (shutdown) takes over instead of the readiness gate.
+"""
+
+from __future__ import annotations
+
+from api import contracts as c
+from api.names import (
+    NODE_REGISTRATION_TIMEOUT,
+    READINESS_GATE_TIMEOUT,
+    ClaimPhase,
+    ClaimReason,
+    EventReason,
+    JobType,
+    NodeEvent,
+    NodeState,
+)
+from workflows import fsm
+from workflows.legacy.v2.claim_runtime import ClaimRuntime
+from workflows.legacy.v2.shutdown import JOB_OUTCOME_FAILED, JOB_OUTCOME_TIMEOUT, monitor_job, poll_until
+
+# A startup Job that ended badly, as an event of the node state machine, and how the claim says it.
+JOB_EVENTS: dict[str, tuple[NodeEvent, str]] = {
+    JOB_OUTCOME_FAILED: (NodeEvent.JOB_FAILED, "failed"),
+    JOB_OUTCOME_TIMEOUT: (NodeEvent.JOB_TIMEOUT, "did not finish in time"),
+}
+
+
+async def boot(rt: ClaimRuntime) -> None:
+    """Drive a booting claim to ready, or to failed with the reason of the step that gave up."""
+    s = rt.s
+    if s.startup_job:
+        outcome = await monitor_job(rt, s.startup_job, JobType.STARTUP, deadline_applies=True)
+        if outcome in JOB_EVENTS:
+            event, said = JOB_EVENTS[outcome]
+            # The node state machine's table says what a failed or timed-out startup Job means for the claim.
+            ends = fsm.consequence(NodeState.STARTINGUP, event)
+            assert ends.claim_phase is not None and ends.reason is not None
+            await rt.move(ends.claim_phase, ends.reason, f"startup Job {s.startup_job} {said}", True)
+            return
+    if s.marked or s.abandoned:
+        return
+    await rt.observe_now()
+
+    def stop() -> bool:
+        return s.marked or bool(s.abandoned)
+
+    rt.details("waiting for the kubelet to register the node")
+    if not await poll_until(
+        rt,
+        lambda: s.observation.exists,
+        NODE_REGISTRATION_TIMEOUT,
+        "node registration",
+        stop,
+        deadline_applies=True,
+    ):
+        if s.marked or s.abandoned:
+            return
+        await gate_timeout(rt, f"the node did not register within {NODE_REGISTRATION_TIMEOUT.seconds} s")
+        return
+    rt.details("readiness gate: waiting for Ready and the readiness taints to clear")
+    if not await poll_until(
+        rt,
+        lambda: s.observation.gate_open,
+        READINESS_GATE_TIMEOUT,
+        "readiness gate",
+        stop,
+        deadline_applies=True,
+    ):
+        if s.marked or s.abandoned:
+            return
+        await gate_timeout(
+            rt,
+            f"the node was not Ready and free of readiness taints within {READINESS_GATE_TIMEOUT.seconds} s",
+        )
+        return
+    slot = c.SlotRef(s.seed.namespace, s.seed.slot)
+    await rt.write(c.Act.OPEN_GATE, slot, f"uncordon and taint the node of slot {s.seed.slot}")
+    await rt.move(ClaimPhase.READY, message="the node is Ready and free of the readiness taints")
+
+
+async def gate_timeout(rt: ClaimRuntime, message: str) -> None:
+    """Uncordon anyway (a cordoned node is invisible to scale-down), warn on the slot, fail the claim."""
+    s = rt.s
+    slot = c.SlotRef(s.seed.namespace, s.seed.slot)
+    await rt.write(c.Act.UNCORDON, slot, f"uncordon the node of slot {s.seed.slot} anyway")
+    await rt.write(
+        c.Act.SLOT_EVENT,
+        c.SlotEvent(s.seed.namespace, s.seed.slot, EventReason.READINESS_GATE_TIMEOUT, message, True),
+        "readiness gate timeout warning",
+    )
+    await rt.move(ClaimPhase.FAILED, ClaimReason.READINESS_GATE_TIMEOUT, message, True)

@@ -1,0 +1,140 @@
+"""The claim's whole state in one dataclass: what the workflow decides from, carried across continue-as-new."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from api.contracts import ClaimDigest, ClaimSeed, Observation
+from api.names import ClaimPhase, ConditionType
+from workflows import law
+from workflows.legacy.v2.shutdown import ShutdownBook
+
+
+@dataclass
+class Condition:
+    status: bool
+    reason: str
+    message: str
+    since: datetime
+
+
+@dataclass
+class ClaimState:
+    """Everything the claim is: its seed, its phase and reason, its counters, and what it last observed."""
+
+    seed: ClaimSeed
+    phase: str = ClaimPhase.PENDING
+    reason: str = ""
+    message: str = ""
+    deadline_at: datetime | None = None
+    finished_at: datetime | None = None
+    marked: bool = False
+    mark_reason: str = ""
+    abandoned: str = ""
+    abandoned_message: str = ""
+    resource_gone: bool = False
+    collect_now: bool = False
+    observation: Observation = field(default_factory=Observation)
+    observed_off_since: datetime | None = None
+    machine_off_verified: bool = False
+    book: ShutdownBook = field(default_factory=ShutdownBook)
+    startup_job: str = ""
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    committed: bool = False
+    finalizer: bool = False
+    continued: int = 0
+    liveness_reads: int = 0
+
+    @classmethod
+    def from_seed(cls, seed: ClaimSeed) -> ClaimState:
+        return cls(seed=seed, phase=seed.phase, reason=seed.reason, deadline_at=seed.deadline_at)
+
+    # --- reads -------------------------------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        return law.is_live(self.phase)
+
+    @property
+    def terminal(self) -> bool:
+        return law.is_terminal(self.phase)
+
+    @property
+    def power_on(self) -> bool:
+        return self.observation.power == "on"
+
+    def law_input(self) -> law.Input:
+        """The triple as this claim sees it (its own phase stands for the slot's live claim)."""
+        return law.Input(
+            claim_phase=self.phase,
+            marked=self.marked,
+            power=self.observation.power,
+            usable=self.observation.usable,
+        )
+
+    def digest(self, *, workflow_done: bool = False) -> ClaimDigest:
+        s = self.seed
+        return ClaimDigest(
+            name=s.name,
+            slot=s.slot,
+            group=s.group,
+            phase=str(self.phase),
+            attempt=s.attempt,
+            call=s.call,
+            reason=self.reason,
+            marked=self.marked,
+            requested_at=s.requested_at,
+            deadline_at=self.deadline_at,
+            finished_at=self.finished_at,
+            machine_off=self.machine_off_verified or not self.power_on,
+            workflow_done=workflow_done,
+        )
+
+    # --- writes ------------------------------------------------------------------------------------------
+    def take(self, observation: Observation) -> bool:
+        """Keep an observation unless it is older than the one held; True when a decision input changed."""
+        self.observation, changed = observation.replacing(self.observation)
+        return changed
+
+    def set_condition(self, kind: ConditionType, status: bool, reason: str, message: str, now: datetime) -> bool:
+        """Set a condition; its clock moves only when its status flips. True when anything changed."""
+        old = self.conditions.get(kind)
+        if old is not None and old.status == status and old.reason == reason and old.message == message:
+            return False
+        since = old.since if old is not None and old.status == status else now
+        self.conditions[kind] = Condition(status, reason, message, since)
+        return True
+
+    def status_document(self) -> dict[str, Any]:
+        """NodeClaim.status as the API stores it: the projection the workflow writes after every move."""
+        doc: dict[str, Any] = {
+            "phase": str(self.phase),
+            "reason": self.reason or None,
+            "message": self.message or None,
+            "attempt": self.seed.attempt,
+            "shutdownAttempts": self.book.attempts,
+            "lastShutdownAttemptAt": _ts(self.book.last_attempt_at),
+            "finishedAt": _ts(self.finished_at),
+            "conditions": [
+                {
+                    "type": str(kind),
+                    "status": "True" if c.status else "False",
+                    "reason": c.reason,
+                    "message": c.message,
+                    "lastTransitionTime": _ts(c.since),
+                }
+                for kind, c in sorted(self.conditions.items())
+            ],
+        }
+        return doc
+
+    def carried(self) -> ClaimState:
+        """The state handed to the next run: the handled-job log is kept small."""
+        return replace(self, continued=self.continued + 1, liveness_reads=0)
+
+
+def _ts(when: datetime | None) -> str | None:
+    if when is None:
+        return None
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
