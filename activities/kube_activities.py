@@ -13,7 +13,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,8 +23,9 @@ from temporalio.exceptions import ApplicationError
 from activities.jobs import build_job, pod_spec_field
 from api import contracts as c
 from api import names
-from api.names import JobType
+from api.names import Failure, JobType
 from api.v2alpha1 import ClaimDigest, Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
+from kube import views
 from kube.adapter import CLAIMS, GROUPS, SLOTS, Kube, ObjectRef
 from kube.errors import Invalid, NotFound
 from kube.objects import meta as _meta
@@ -36,10 +37,10 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
-SLOT_DELETED = "SlotDeleted"
-INVALID_POD_SPEC = "InvalidPodSpec"
-NOT_FOUND = "NotFound"
-INVALID = "Invalid"
+SLOT_DELETED = Failure.SLOT_DELETED
+INVALID_POD_SPEC = Failure.INVALID_POD_SPEC
+NOT_FOUND = Failure.NOT_FOUND
+INVALID = Failure.INVALID
 
 # A snapshot for scale-from-zero keeps what cluster-autoscaler plans with, nothing that names one machine's state.
 _TEMPLATE_STATUS_FIELDS = ("capacity", "allocatable", "nodeInfo")
@@ -75,7 +76,7 @@ def _mapped(what: str) -> Iterator[None]:
     except NotFound as exc:
         raise _fail(NOT_FOUND, f"{what}: {exc}") from exc
     except Invalid as exc:
-        raise _fail(INVALID, f"{what}: {exc}") from exc
+        raise _fail(INVALID, f"{what}: {views.without_values(str(exc))}") from None
 
 
 def _time(value: Any) -> datetime | None:
@@ -174,6 +175,7 @@ class KubeActivities:
     def all(self) -> list[Callable[..., Any]]:
         """The bound activity methods, for `Worker(activities=...)`."""
         return [
+            self.record_scale,
             self.create_claim,
             self.record_claim,
             self.add_claim_finalizer,
@@ -212,15 +214,38 @@ class KubeActivities:
     # --- claims ------------------------------------------------------------------------------------------
     @activity.defn(name=c.Act.CREATE_CLAIM)
     def create_claim(self, seed: c.ClaimSeed) -> None:
-        """Create the NodeClaim resource, owned by its slot (deleting a slot takes its claims); a retry finds it."""
+        """Create the NodeClaim resource, owned by its slot (deleting a slot takes its claims), stamp its first
+        status (its phase, attempt and reason) and publish ClaimCreated; a retry finds it and writes nothing new.
+        """
         what = f"create claim {seed.namespace}/{seed.name}"
         slot = self._slot(seed.namespace, seed.slot)
         try:
             claim = self._claim_of(seed, str(_meta(slot).get("uid") or ""))
         except (ValidationError, ValueError) as exc:
-            raise _fail(INVALID, f"{what}: the seed does not make a valid claim: {exc}") from exc
+            raise _fail(Failure.CLAIM_REFUSED, f"{what}: the seed does not make a valid claim: {exc}") from exc
+        try:
+            created = self.kube.create_claim(claim)
+        except Invalid as exc:
+            raise _fail(Failure.CLAIM_REFUSED, f"{what}: {views.without_values(str(exc))}") from None
+        if created.status.phase is not None:
+            return  # a retry: the first attempt got this far
         with _mapped(what):
-            self.kube.create_claim(claim)
+            written = self.kube.patch_raw(
+                CLAIMS,
+                seed.namespace,
+                seed.name,
+                {"status": {"phase": seed.phase, "attempt": seed.attempt, "reason": seed.reason or None}},
+                status=True,
+            )
+            ref = ObjectRef(names.KIND_NODECLAIM, seed.namespace, seed.name, str(_meta(written).get("uid") or ""))
+            self.kube.create_event(
+                ref,
+                names.EventReason.CLAIM_CREATED,
+                f"attempt {seed.attempt} for slot {seed.slot} ({seed.call})",
+                warning=False,
+                now=self.clock(),
+                occurrence=_occurrence(),
+            )
 
     @staticmethod
     def _claim_of(seed: c.ClaimSeed, slot_uid: str) -> NodeClaim:
@@ -264,6 +289,8 @@ class KubeActivities:
                 written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(w.status)}, status=True)
                 if w.spec:
                     written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"spec": dict(w.spec)})
+                if w.release_finalizer:
+                    self.kube.remove_claim_finalizer(w.namespace, w.name)
             except NotFound:
                 activity.logger.info("%s: the claim is gone; nothing to record", what)
                 return
@@ -275,9 +302,18 @@ class KubeActivities:
 
     @activity.defn(name=c.Act.ADD_FINALIZER)
     def add_claim_finalizer(self, ref: c.ClaimRef) -> None:
-        """Hold the claim until its machine is verified off; a claim that already has it is not written."""
-        with _mapped(f"add the finalizer to claim {ref.namespace}/{ref.name}"):
-            self.kube.add_claim_finalizer(ref.namespace, ref.name)
+        """Hold the claim until its machine is verified off; a claim that already has it is not written.
+
+        A claim being deleted cannot take a finalizer: to its workflow that is a claim deleted by hand.
+        """
+        what = f"add the finalizer to claim {ref.namespace}/{ref.name}"
+        try:
+            with _mapped(what):
+                self.kube.add_claim_finalizer(ref.namespace, ref.name)
+        except ApplicationError as err:
+            if err.type == INVALID:
+                raise _fail(NOT_FOUND, f"{what}: the claim is being deleted") from err
+            raise
 
     @activity.defn(name=c.Act.RELEASE_CLAIM)
     def release_claim(self, ref: c.ClaimRef) -> None:
@@ -287,8 +323,12 @@ class KubeActivities:
 
     @activity.defn(name=c.Act.DELETE_CLAIM)
     def delete_claim(self, ref: c.ClaimRef) -> None:
-        """Delete the claim resource (collection or cancel); already gone is done."""
+        """Delete the claim resource (collection or cancel), its finalizer first; already gone is done."""
         with _mapped(f"delete claim {ref.namespace}/{ref.name}"):
+            try:
+                self.kube.remove_claim_finalizer(ref.namespace, ref.name)
+            except NotFound:
+                return
             self.kube.delete_claim(ref.namespace, ref.name)
 
     # --- Jobs --------------------------------------------------------------------------------------------
@@ -303,28 +343,27 @@ class KubeActivities:
         field = pod_spec_field(job_type)
         if not _spec(raw).get(field):
             raise _fail(INVALID_POD_SPEC, f"slot {req.namespace}/{req.slot} has no spec.{field}")
-        try:
-            slot = Node.model_validate(raw)
-        except ValidationError as exc:
-            bad = [e for e in exc.errors() if tuple(e["loc"][:2]) == ("spec", field)]
-            kind = INVALID_POD_SPEC if bad else INVALID
-            first = (bad or exc.errors())[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise _fail(kind, f"slot {req.namespace}/{req.slot}: {where}: {first['msg']}") from exc
+        problem = views.slot_problem(raw)
+        if problem:  # either pod spec, or the node it names: a machine booted must be one that can be stopped
+            raise _fail(INVALID_POD_SPEC, f"slot {req.namespace}/{req.slot}: {problem}")
+        slot = Node.model_validate({**raw, "status": {}})
         name = req.name or c.job_name(req.claim or req.slot, job_type, req.sequence)
         what = f"create {job_type} Job {req.namespace}/{name} for slot {req.slot}"
         claim_uid = ""
         if req.claim:
             try:
-                claim_uid = str(_meta(self.kube.get_raw(CLAIMS, req.namespace, req.claim)).get("uid") or "")
+                claim = self.kube.get_raw(CLAIMS, req.namespace, req.claim)
             except NotFound as exc:
                 raise _fail(NOT_FOUND, f"{what}: claim {req.namespace}/{req.claim} is gone") from exc
+            claim_uid = str(_meta(claim).get("uid") or "")
         body = build_job(slot, job_type, name, req.claim, claim_uid)
-        with _mapped(what):
-            try:
-                self.kube.create_job(req.namespace, body)
-            except Invalid as exc:  # the API server refused the Job built from the user's pod spec
-                raise _fail(INVALID_POD_SPEC, f"{what}: the API server refused it: {exc}") from exc
+        try:
+            self.kube.create_job(req.namespace, body)
+        except Invalid as exc:  # the API server refused the Job: its name, labels or the pod spec it carries
+            refused = f"{what}: the API server refused it: {views.without_values(str(exc))}"
+            raise _fail(Failure.JOB_REFUSED, refused) from None  # the refusal may quote the pod spec: not chained
+        except NotFound as exc:
+            raise _fail(NOT_FOUND, f"{what}: {exc}") from exc
         return {"name": name, "namespace": req.namespace}
 
     @activity.defn(name=c.Act.READ_JOB)
@@ -418,6 +457,9 @@ class KubeActivities:
         """The group as Kubernetes has it: bounds, slots with their observations, claims, a template node.
 
         Slots and claims are found by `spec.group`, not by label: a hand-written slot may carry no labels.
+        Nothing read here can fail the group: a Group whose spec cannot be used comes back with its `problem`,
+        a slot that cannot power its machine with its own, and a claim resource that cannot be run is left out
+        (the watchers put a condition and a Warning Event on each).
         """
         with _mapped(f"load group {ref.namespace}/{ref.group}"):
             group = self._group(ref.namespace, ref.group)
@@ -427,9 +469,8 @@ class KubeActivities:
             claims = [cl for cl in self.kube.list_raw(CLAIMS, ref.namespace)[0] if _spec(cl).get("group") == ref.group]
             nodes = {str(_meta(n).get("name")): n for n in self.kube.list_nodes()}
         now = self.clock()
-        spec = _spec(group)
         taints = readiness_taints(group)
-        views: list[c.SlotView] = []
+        slot_views: list[c.SlotView] = []
         template: JSON | None = None
         template_ready = False
         for slot in sorted(slots, key=lambda s: str(_meta(s).get("name"))):
@@ -443,14 +484,16 @@ class KubeActivities:
                 or names.provider_id(ref.namespace, slot_name)
             )
             # Positional: the report's history fields are only read here, and are written by one module alone.
-            views.append(
+            slot_views.append(
                 c.SlotView(
                     slot_name,
                     node_name,
                     observation,
-                    int(_status(slot).get("activationsLast24H") or 0),
+                    _count(_status(slot).get("activationsLast24H")),
                     pid,
                     last_claim_of(slot_name, _status(slot).get("lastClaim")),
+                    views.slot_problem(slot),
+                    views.attempts_reset_at(slot),
                 )
             )
             ready = observation.power == names.PowerState.ON
@@ -458,25 +501,48 @@ class KubeActivities:
                 template, template_ready = template_of(node, taints, now), ready
             elif node is None and template is None:
                 template = template_from_status(slot_name, node_name, _status(slot).get("nodeTemplate"))
-        try:
-            max_provision = parse_duration(spec.get("maxNodeProvisionTime") or 0).total_seconds()
-        except ValueError as exc:
-            raise _fail(INVALID, f"group {ref.namespace}/{ref.group}: spec.maxNodeProvisionTime: {exc}") from exc
+        found = views.group_spec(group)
+        claim_views = [_claim_view(cl) for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))]
+        common: dict[str, Any] = {
+            "namespace": ref.namespace,
+            "name": ref.group,
+            "exists": True,
+            "slots": tuple(slot_views),
+            "claims": tuple(v for v in claim_views if v is not None),
+            "template": template,
+        }
+        if isinstance(found, str):
+            return c.GroupView(**common, problem=found)
         return c.GroupView(
-            namespace=ref.namespace,
-            name=ref.group,
-            exists=True,
-            min_size=int(spec.get("minSize") or 0),
-            max_size=int(spec.get("maxSize") or 0),
-            max_provision_seconds=max_provision,
-            slots=tuple(views),
-            claims=tuple(_claim_view(cl) for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))),
-            template=template,
+            **common,
+            min_size=found.min_size,
+            max_size=found.max_size,
+            max_provision_seconds=(found.max_node_provision_time or timedelta()).total_seconds(),
         )
 
+    @activity.defn(name=c.Act.RECORD_SCALE)
+    def record_scale(self, scale: c.ScaleRecord) -> None:
+        """Group.status.lastScaleAt/lastScaleAction: the group workflow is their one writer."""
+        what = f"record the last scale of group {scale.namespace}/{scale.group}"
+        with _mapped(what):
+            try:
+                self.kube.patch_group_status(
+                    scale.namespace,
+                    scale.group,
+                    {"lastScaleAt": scale.at.strftime("%Y-%m-%dT%H:%M:%SZ"), "lastScaleAction": scale.action},
+                )
+            except NotFound:
+                activity.logger.info("%s: the Group is gone", what)
 
-def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView:
-    """A claim resource as the group reads it (no phase yet is pending; attempt defaults to the first)."""
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView | None:
+    """A claim resource as the group reads it (no phase yet is pending); None when it cannot be run."""
+    if views.claim_problem(claim):
+        return None
     spec, status, meta = _spec(claim), _status(claim), _meta(claim)
     return c.ClaimView(
         name=str(meta.get("name")),
@@ -489,6 +555,9 @@ def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView:
         deadline_at=_time(spec.get("deadlineAt")),
         finished_at=_time(status.get("finishedAt")),
         reason=str(status.get("reason") or ""),
+        ttl_seconds=views.claim_ttl_seconds(claim),
+        max_provision_seconds=views.claim_max_provision_seconds(claim),
+        has_attempt=isinstance(status.get("attempt"), int),
     )
 
 

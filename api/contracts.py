@@ -39,6 +39,11 @@ def release_workflow_id(namespace: str, slot: str) -> str:
     return f"release/{namespace}/{slot}"
 
 
+def claim_name(slot: str, entropy: str) -> str:
+    """A claim's name: its slot and six hex digits (from `workflow.uuid4()`: deterministic on replay)."""
+    return f"{slot}-{entropy[:6]}"
+
+
 def job_name(owner: str, job_type: str, sequence: int) -> str:
     """Deterministic Job names: a retried activity finds its Job instead of making a second one."""
     base = f"{owner}-{job_type}"
@@ -118,6 +123,10 @@ class ClaimSeed:
     reason: str = ""
     create_resource: bool = True
     reads_per_run: int = 500  # liveness reads before a ready claim continues as new (about 41 h at one per 5 min)
+    # Generation 3: what the group saw of the slot when it booked the claim (the law reads it at launch), and
+    # the reason of a mark that came with the claim (a hand-applied claim already being deleted).
+    observation: Observation = field(default_factory=Observation)
+    marked_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,14 @@ class ClaimDigest:
     finished_at: datetime | None = None
     machine_off: bool = False
     workflow_done: bool = False
+    # Generation 3 (a generation-2 claim drains and collects itself; a generation-3 one ends at its terminal
+    # phase and leaves both to its group): what the group needs to finish the claim's episode.
+    generation: int = 2
+    ttl_seconds: int = 3600
+    hand_over: bool = False  # superseded or slot deleted: the machine is someone else's (or nobody's) to act on
+    powered: bool = False  # its startup Job succeeded (or it took a machine already on): maybe on though unseen
+    startup_job: str = ""  # a startup Job still running when the claim ended: a boot is reversed, not cut
+    collected: bool = False  # the claim resource is already gone (cancelled, deleted by hand): nothing to collect
 
 
 @dataclass(frozen=True)
@@ -150,7 +167,7 @@ class MarkRequest:
 class JobFinished:
     job: str
     succeeded: bool
-    reason: str = ""
+    reason: str = ""  # the Job's own reason for failing (DeadlineExceeded: its activeDeadlineSeconds ran out)
 
 
 @dataclass(frozen=True)
@@ -164,6 +181,7 @@ class StatusWrite:
     event_reason: str = ""
     event_message: str = ""
     warning: bool = False
+    release_finalizer: bool = False  # the claim's last write: nothing more will be done for its machine
 
 
 @dataclass(frozen=True)
@@ -224,6 +242,8 @@ class SlotView:
     activations_last_24h: int = 0
     provider_id: str = ""
     last_claim: ClaimDigest | None = None  # from Node.status.lastClaim: a slot that has had a claim is not adopted
+    problem: str = ""  # why the slot's spec cannot power its machine (a field path, never a value); "" when fine
+    attempts_reset_at: datetime | None = None  # the reset-attempts annotation: earlier claims leave the streak
 
 
 @dataclass(frozen=True)
@@ -240,6 +260,9 @@ class ClaimView:
     deadline_at: datetime | None = None
     finished_at: datetime | None = None
     reason: str = ""
+    ttl_seconds: int = 3600
+    max_provision_seconds: float = 0.0
+    has_attempt: bool = False  # status.attempt was written: the claim's own number (a lost run), not a seed
 
 
 @dataclass(frozen=True)
@@ -255,6 +278,7 @@ class GroupView:
     slots: tuple[SlotView, ...] = ()
     claims: tuple[ClaimView, ...] = ()
     template: dict[str, Any] | None = None
+    problem: str = ""  # why the Group's spec cannot be used (field and value); "" when fine
 
 
 @dataclass(frozen=True)
@@ -264,6 +288,21 @@ class ReleaseSeed:
     namespace: str
     slot: str
     group: str
+    # Generation 3: the end of a claim's episode (the claim that owned the machine, a startup Job of it still
+    # to wait out, and whether that claim's Job powered the machine, which its kubelet may never have shown).
+    claim: str = ""
+    startup_job: str = ""
+    powered: bool = False
+
+
+@dataclass(frozen=True)
+class ScaleRecord:
+    """Group.status.lastScaleAt / lastScaleAction: the group's last size change, as cluster-autoscaler asked."""
+
+    namespace: str
+    group: str
+    at: datetime
+    action: str
 
 
 @dataclass(frozen=True)
@@ -276,6 +315,7 @@ class SlotReleased:
 ERR_INVALID_ARGUMENT = "InvalidArgument"
 ERR_FAILED_PRECONDITION = "FailedPrecondition"
 ERR_NOT_FOUND = "NotFound"
+ERR_NO_CAPACITY = "NoCapacity"  # no slot of the group can take a claim now (each slot's condition says why)
 
 
 @dataclass(frozen=True)
@@ -307,3 +347,4 @@ class Act:
     OPEN_GATE = "open_gate"
     SLOT_EVENT = "slot_event"
     LOAD_GROUP = "load_group"
+    RECORD_SCALE = "record_scale"

@@ -26,6 +26,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "homelab-autoscaler"
 
 ANNOTATION_CLAIM_CALL = f"{GROUP}/call"
+# Set (to an RFC 3339 time) on a slot to restart its boot-attempt streak: the claims before it no longer count.
+ANNOTATION_RESET_ATTEMPTS = f"{GROUP}/reset-attempts"
 ANNOTATION_TEMPLATE_SNAPSHOT_AT = f"{GROUP}/template-snapshot-at"
 
 FINALIZER_CLAIM = f"{GROUP}/claim"
@@ -90,7 +92,6 @@ class NodeEvent(StrEnum):
     JOB_COMPLETED = "JobCompleted"
     JOB_FAILED = "JobFailed"
     JOB_TIMEOUT = "JobTimeout"
-    FORCE_CLEANUP = "ForceCleanup"
 
 
 class JobType(StrEnum):
@@ -115,12 +116,15 @@ class ClaimReason(StrEnum):
     ATTEMPT_LIMIT_EXCEEDED = "AttemptLimitExceeded"
     STARTUP_JOB_FAILED = "StartupJobFailed"
     STARTUP_JOB_TIMEOUT = "StartupJobTimeout"
-    SHUTDOWN_JOB_TIMEOUT = "ShutdownJobTimeout"
     READINESS_GATE_TIMEOUT = "ReadinessGateTimeout"
     MACHINE_GONE = "MachineGone"
     SUPERSEDED = "Superseded"
-    STUCK_TRANSITION = "StuckTransition"
     SLOT_DELETED = "SlotDeleted"
+    # What retrying cannot fix, named after its cause (activities raise these as non-retryable errors).
+    INVALID_POD_SPEC = "InvalidPodSpec"
+    JOB_REFUSED = "JobRefused"
+    CLAIM_REFUSED = "ClaimRefused"
+    OPERATOR_ERROR = "OperatorError"
     NODE_DELETED = "NodeDeleted"
     CANCELLED_BY_DECREASE_TARGET_SIZE = "CancelledByDecreaseTargetSize"
     DELETED_BY_HAND = "DeletedByHand"
@@ -134,6 +138,9 @@ class ConditionType(StrEnum):
     MACHINE_COMMITTED = "MachineCommitted"
     MACHINE_OBSERVED_OFF = "MachineObservedOff"
     MARKED_FOR_DELETION = "MarkedForDeletion"
+    # on slots and groups: whether the object's spec can be used, and whether a slot may take a new claim
+    VALID = "Valid"
+    CLAIMABLE = "Claimable"
     SHUTDOWN_ATTEMPT_LIMIT_REACHED = "ShutdownAttemptLimitReached"
     # autoscaler marker conditions on the slot report
     SCALE_UP_IN_FLIGHT = "ScaleUpInFlight"
@@ -152,10 +159,26 @@ class EventReason(StrEnum):
     CLAIM_COMPLETED = "ClaimCompleted"
     CLAIM_SUPERSEDED = "ClaimSuperseded"
     READINESS_GATE_TIMEOUT = "ReadinessGateTimeout"
+    SCALE_DOWN_STARTED = "ScaleDownStarted"
     SHUTDOWN_ATTEMPT_LIMIT_REACHED = "ShutdownAttemptLimitReached"
+    SHUTDOWN_JOB_FAILED = "ShutdownJobFailed"
+    SHUTDOWN_JOB_TIMEOUT = "ShutdownJobTimeout"
     SHUTDOWN_NOT_OBSERVED = "ShutdownNotObserved"
+    MACHINE_OFF_UNSEEN = "MachineOffUnseen"
+    INVALID_SPEC = "InvalidSpec"
     MACHINE_ADOPTED = "MachineAdopted"
     MACHINE_RELEASED = "MachineReleased"
+
+
+class Failure(StrEnum):
+    """Types of the non-retryable errors activities raise: what no retry can fix, named so workflows can act."""
+
+    SLOT_DELETED = "SlotDeleted"  # the slot resource is gone
+    INVALID_POD_SPEC = "InvalidPodSpec"  # the slot's pod spec cannot make a Job (says which field, never its value)
+    NOT_FOUND = "NotFound"  # the object the write was for is gone
+    INVALID = "Invalid"  # the API server refused the write as invalid (422)
+    JOB_REFUSED = "JobRefused"  # the API server refused a lifecycle Job (its name, labels or schema)
+    CLAIM_REFUSED = "ClaimRefused"  # the API server refused the claim resource itself
 
 
 class TaintEffect(StrEnum):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from activities import KubeActivities
@@ -29,6 +30,8 @@ from kube.adapter import Kube
 from workflows.group.workflow import GroupWorkflow
 
 NS = "homelab"
+# Real seconds a check may still take to come true after its workflow time is spent (a busy worker catching up).
+REAL_TIME_GRACE = 10.0
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("HOMELAB_RECORD_HISTORIES") == "1"
 # A generation prefix: histories of every released workflow version stay, so an upgrade is checked against all.
@@ -73,17 +76,28 @@ class Lab:
     async def until(
         self, check: Callable[[], Any], *, within: float, step: float = 5.0, what: str = "condition"
     ) -> Any:
-        """Advance workflow time by `step` until `check()` (sync or async) is truthy, at most `within` seconds."""
+        """Advance workflow time by `step` until `check()` (sync or async) is truthy, at most `within` seconds.
+
+        Skipped time costs no real time, but the worker still needs real time to act on it: once the workflow
+        time is spent, the check is repeated (without moving the clock) for a short real-time grace.
+        """
         spent = 0.0
         deadline = time.monotonic() + 60
+        grace_until: float | None = None
         while True:
             got = check()
             if asyncio.iscoroutine(got):
                 got = await got
             if got:
                 return got
-            if spent >= within or time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not true after {spent:.0f} s of workflow time")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not true after {spent:.0f} s of workflow time (real-time limit)")
+            if spent >= within:
+                grace_until = grace_until or time.monotonic() + REAL_TIME_GRACE
+                if time.monotonic() > grace_until:
+                    raise AssertionError(f"{what}: not true after {spent:.0f} s of workflow time")
+                await asyncio.sleep(0.05)
+                continue
             await self.advance(step)
             spent += step
 
@@ -125,7 +139,12 @@ class Lab:
 
     async def wait_phase(self, name: str, phase: str, *, within: float, step: float = 5.0) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
-            st = await self.status(name)
+            try:
+                st = await self.status(name)
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                return None  # not started yet (its group starts it on its next turn)
             return st if st["phase"] == phase else None
 
         return await self.until(check, within=within, step=step, what=f"claim {name} {phase}")  # type: ignore[no-any-return]

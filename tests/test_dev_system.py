@@ -86,7 +86,11 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
         kubectl = ["kubectl", "--server", f"http://127.0.0.1:{kube}", "get", "nodes.infra.homecluster.dev", "-A"]
         if Path("/usr/bin/kubectl").exists():
             report = subprocess.run(
-                kubectl, capture_output=True, text=True, timeout=30, env={"KUBECONFIG": "/dev/null", "HOME": str(tmp_path)}
+                kubectl,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={"KUBECONFIG": "/dev/null", "HOME": str(tmp_path)},
             )
             assert re.search(r"worker-2\s+workers\s+on\s+ready\s+1", report.stdout), report.stdout + report.stderr
     finally:

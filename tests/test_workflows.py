@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
 from api.names import MAX_CONSECUTIVE_ATTEMPTS
@@ -106,17 +107,15 @@ async def test_readiness_gate_times_out_then_forced_shutdown_and_next_attempt() 
         assert st["reason"] == "ReadinessGateTimeout"
         assert _uncordoned_before_cordoned(lab, "s1"), "uncordoned anyway, before the forced shutdown cordons it"
         assert any(e["reason"] == "ReadinessGateTimeout" for e in lab.events("s1"))
-        # The failed claim is not a want: its machine is shut down and verified off.
+        # The failed claim is not a want: its machine is released (law 3), shut down and verified off.
         await lab.until(lambda: lab.lab.power("s1") == "off", within=6 * MIN, what="forced shutdown")
-        assert any(j["metadata"]["labels"]["type"] == "shutdown" for j in lab.jobs("s1"))
-        st = await lab.until(
-            lambda: _status_if(lab, name, lambda s: _cond(s, "MachineObservedOff")), within=3 * MIN, what="off"
-        )
+        assert [j["metadata"]["name"] for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "shutdown"]
         # The next claim on the slot is attempt 2.
         await lab.until(lambda: _slot_free(lab, "s1"), within=3 * MIN, what="slot free")
         assert await lab.increase(1) == 1
         second = [n for n in await lab.claim_names() if n != name]
         assert (await lab.status(second[0]))["attempt"] == 2
+        lab.extra_history_ids = (c.release_workflow_id(NS, "s1"),)
         await lab.record("readiness_gate_times_out")
 
 
@@ -152,19 +151,55 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
     async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
         await lab.start_group()
         names: list[str] = []
-        for attempt in range(1, MAX_CONSECUTIVE_ATTEMPTS + 2):
+        for attempt in range(1, MAX_CONSECUTIVE_ATTEMPTS + 1):
             await lab.until(lambda: _slot_free(lab, "s1"), within=5 * MIN, what="slot free")
             await lab.increase(1)
             name = next(n for n in await lab.claim_names() if n not in names)
             names.append(name)
             st = await lab.wait_phase(name, "failed", within=3 * MIN)
             assert st["attempt"] == attempt
-        assert st["reason"] == "AttemptLimitExceeded"
         assert len([j for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "startup"]) == 3
-        # cluster-autoscaler hears it as missing capacity, and backs off the group instead of retrying at once.
+        # The slot's next claim would be past the limit: slot choice skips it, and a group with no slot left
+        # answers no-capacity, naming the slot and why, instead of making a claim that fails on arrival.
+        await lab.until(lambda: _slot_free(lab, "s1"), within=5 * MIN, what="slot free")
+        assert (await lab.snapshot())["slots"]["s1"]["claimable"] is False
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await lab.increase(1)
+        cause = refused.value.cause
+        assert isinstance(cause, ApplicationError) and cause.type == c.ERR_NO_CAPACITY
+        assert "s1: AttemptLimitReached" in cause.message
+        # cluster-autoscaler hears the last failure as missing capacity, and backs off the group.
+        (instance,) = await lab.group().query(GroupWorkflow.instances)
+        assert (instance.error_class, instance.error_code) == (1, "no-capacity") or instance.error_class == 99
+        await lab.record("attempt_limit")
+
+
+async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bought() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        await lab.start_group()
+        _apply_claim(lab, "s1-by-hand", "s1")
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase("s1-by-hand", "failed", within=MIN, step=5)
+        assert (st["attempt"], st["reason"]) == (MAX_CONSECUTIVE_ATTEMPTS + 1, "AttemptLimitExceeded")
+        assert lab.jobs("s1") == []
         (instance,) = await lab.group().query(GroupWorkflow.instances)
         assert (instance.error_class, instance.error_code) == (1, "no-capacity")
-        await lab.record("attempt_limit")
+
+
+async def test_the_reset_attempts_annotation_restarts_the_streak() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        await lab.start_group()
+        assert (await lab.snapshot())["slots"]["s1"]["claimable"] is False
+        annotation = {"metadata": {"annotations": {"infra.homecluster.dev/reset-attempts": "2099-01-01T00:00:00Z"}}}
+        lab.lab.call(lambda h: h.emulator.patch_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s1", annotation))
+        await lab.group().signal(GroupWorkflow.refresh)
+        await lab.until(lambda: _claimable(lab, "s1"), within=MIN, step=5, what="claimable again")
+        assert await lab.increase(1) == 1
+        (name,) = await lab.claim_names()
+        st = await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert st["attempt"] == 1
 
 
 async def test_deadline_cleared_on_ready() -> None:
@@ -479,20 +514,41 @@ async def test_a_machine_on_in_a_used_slot_is_released_not_adopted() -> None:
 
 async def test_attempts_are_seeded_from_the_slot_after_a_restart() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS - 1)
         name = await one_claim(lab)
-        st = await lab.wait_phase(name, "failed", within=MIN)
-        assert (st["attempt"], st["reason"]) == (MAX_CONSECUTIVE_ATTEMPTS + 1, "AttemptLimitExceeded")
-        assert lab.jobs("s1") == []
+        st = await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert st["attempt"] == MAX_CONSECUTIVE_ATTEMPTS
 
 
 def _seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> None:
-    last = {"name": f"{slot_name}-old", "phase": phase, "attempt": attempt, "group": "g", "call": "IncreaseSize"}
+    last = {
+        "name": f"{slot_name}-old",
+        "phase": phase,
+        "attempt": attempt,
+        "group": "g",
+        "call": "IncreaseSize",
+        "requestedAt": "2026-01-01T00:00:00Z",
+    }
     lab.lab.call(
         lambda h: h.emulator.patch_object(
             "infra.homecluster.dev/v2alpha1", "nodes", NS, slot_name, {"status": {"lastClaim": last}}, "status"
         )
     )
+
+
+def _apply_claim(lab: Lab, name: str, slot_name: str, **spec: Any) -> None:
+    """A NodeClaim applied by hand (kubectl apply): no status, no deadline, a call of Manual."""
+    body = {
+        "apiVersion": "infra.homecluster.dev/v2alpha1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"node": slot_name, "group": "g", "requestedAt": "2099-01-01T00:00:00Z", "call": "Manual", **spec},
+    }
+    lab.lab.call(lambda h: h.emulator.put_object("infra.homecluster.dev/v2alpha1", "nodeclaims", body, NS))
+
+
+async def _claimable(lab: Lab, slot_name: str) -> bool:
+    return bool((await lab.snapshot())["slots"][slot_name]["claimable"])
 
 
 async def _no_claims(lab: Lab) -> bool:

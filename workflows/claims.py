@@ -82,9 +82,14 @@ def machine_gone_grace() -> timedelta:
     return attempt_budget()
 
 
+def provision_time(group_max: timedelta | None) -> timedelta:
+    """The boot time in force: max(budget, group maxNodeProvisionTime). cluster-autoscaler is told this number."""
+    return max(attempt_budget(), group_max or timedelta())
+
+
 def deadline_at(requested_at: datetime, group_max: timedelta | None) -> datetime:
-    """requestedAt + max(budget, group maxNodeProvisionTime): never before cluster-autoscaler gives up."""
-    return requested_at + max(attempt_budget(), group_max or timedelta())
+    """requestedAt + the provision time in force: never before cluster-autoscaler gives up."""
+    return requested_at + provision_time(group_max)
 
 
 # --- attempts ----------------------------------------------------------------------------------------------
@@ -108,13 +113,17 @@ def _field(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
-def seed_attempt(last_claim: Any) -> int:
+def seed_attempt(last_claim: Any, reset_at: datetime | None = None) -> int:
     """The attempt number of a new claim, from the slot's last-claim digest (None: the first claim, 1).
 
     +1 while the slot keeps failing, back to 1 after an episode that ended ready or completed. A digest with
-    no attempt counts as attempt 1.
+    no attempt counts as attempt 1. `reset_at` (the slot's reset-attempts annotation) restarts the streak: a
+    last claim requested at or before it no longer counts.
     """
     if last_claim is None:
+        return 1
+    requested = _field(last_claim, "requested_at")
+    if reset_at is not None and (not isinstance(requested, datetime) or requested <= reset_at):
         return 1
     previous = max(int(_field(last_claim, "attempt") or 1), 1)
     return previous + 1 if CONTINUES_STREAK[phase_of(_field(last_claim, "phase"))] else 1
@@ -123,6 +132,31 @@ def seed_attempt(last_claim: Any) -> int:
 def attempt_limit_exceeded(attempt: int) -> bool:
     """Past MaxConsecutiveAttempts the claim fails AttemptLimitExceeded before a machine is bought."""
     return attempt > MAX_CONSECUTIVE_ATTEMPTS
+
+
+@dataclass(frozen=True)
+class Claimability:
+    """Whether a new claim on a slot could boot, and if not why (the slot's Claimable condition says the same)."""
+
+    ok: bool
+    reason: str = "Claimable"
+    message: str = ""
+
+
+def claimability(last_claim: Any, reset_at: datetime | None = None, problem: str = "") -> Claimability:
+    """A slot takes a new claim only if its spec can power it and its next attempt is within the limit."""
+    if problem:
+        return Claimability(False, "InvalidSpec", problem)
+    attempt = seed_attempt(last_claim, reset_at)
+    if attempt_limit_exceeded(attempt):
+        name = _field(last_claim, "name") or "?"
+        return Claimability(
+            False,
+            "AttemptLimitReached",
+            f"{attempt - 1} claims in a row failed to boot the machine (the last: {name}); annotate the slot "
+            "with infra.homecluster.dev/reset-attempts=<now, RFC 3339> once it is fixed",
+        )
+    return Claimability(True, "Claimable", f"the next claim is attempt {attempt}")
 
 
 # --- the shutdown streak -----------------------------------------------------------------------------------
@@ -168,3 +202,35 @@ def next_shutdown_allowed_at(streak: ShutdownStreak) -> datetime | None:
     if streak.attempts < MAX_CONSECUTIVE_ATTEMPTS or streak.last_attempt_at is None:
         return None
     return streak.last_attempt_at + SHUTDOWN_STREAK_RESET_GRACE
+
+
+# --- the timeline ------------------------------------------------------------------------------------------
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = max(int(delta.total_seconds()), 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def move_message(
+    target: ClaimPhase | str,
+    reason: str,
+    message: str,
+    seed: Any,
+    job: str,
+    deadline: datetime | None,
+    now: datetime,
+) -> str:
+    """The Event of a move: what happened, then the attempt's numbers (attempt, Job, deadline, time taken)."""
+    head = message or f"{target} {reason}".strip()
+    facts = [f"attempt {_field(seed, 'attempt')}"]
+    if job:
+        facts.append(f"Job {job}")
+    if deadline is not None:
+        facts.append(f"deadline {deadline:%H:%M:%S}Z")
+    requested = _field(seed, "requested_at")
+    if isinstance(requested, datetime):
+        facts.append(f"{_duration(now - requested)} since the request")
+    return f"{head} ({', '.join(facts)})"

@@ -2,6 +2,10 @@
 
 ``TRANSITIONS`` says where an event takes the machine; ``CONSEQUENCES`` says what the same transition means
 for the claim (as data, for the workflow to act on). Anything not in the table is an illegal transition.
+
+The seed's ``ForceCleanup`` (a transitional state stuck past a lock timeout, reason ``StuckTransition``) has no
+row: here every wait of a transition is a Temporal timer with its own bound (the Job timeout, registration,
+the readiness gate, the boot deadline, the shutdown verification), so no transition can outlive its bound.
 """
 
 from __future__ import annotations
@@ -24,8 +28,6 @@ TRANSITIONS: Mapping[tuple[NodeState, NodeEvent], NodeState] = {
     (_S.SHUTTINGDOWN, _E.JOB_FAILED): _S.READY,
     (_S.STARTINGUP, _E.JOB_TIMEOUT): _S.SHUTDOWN,
     (_S.SHUTTINGDOWN, _E.JOB_TIMEOUT): _S.READY,
-    (_S.STARTINGUP, _E.FORCE_CLEANUP): _S.SHUTDOWN,
-    (_S.SHUTTINGDOWN, _E.FORCE_CLEANUP): _S.SHUTDOWN,
 }
 
 
@@ -57,10 +59,8 @@ CONSEQUENCES: Mapping[tuple[NodeState, NodeEvent], Consequence] = {
     (_S.SHUTTINGDOWN, _E.JOB_FAILED): Consequence(None, None, "the claim stays; its shutdown attempt counts"),
     (_S.STARTINGUP, _E.JOB_TIMEOUT): Consequence(_P.FAILED, _R.STARTUP_JOB_TIMEOUT, "the claim ends failed"),
     (_S.SHUTTINGDOWN, _E.JOB_TIMEOUT): Consequence(
-        None, _R.SHUTDOWN_JOB_TIMEOUT, "the claim stays; its shutdown attempt counts"
+        None, None, "the claim stays; its shutdown attempt counts (a ShutdownJobTimeout Event)"
     ),
-    (_S.STARTINGUP, _E.FORCE_CLEANUP): Consequence(_P.FAILED, _R.STUCK_TRANSITION, "stuck boot"),
-    (_S.SHUTTINGDOWN, _E.FORCE_CLEANUP): Consequence(_P.FAILED, _R.STUCK_TRANSITION, "stuck shutdown"),
 }
 
 

@@ -1,7 +1,10 @@
-"""ReleaseWorkflow: law 3 for a machine on with no claim, in a slot whose last claim has ended.
+"""ReleaseWorkflow: law 3 for a machine on with no live claim, in a slot that has had one.
 
 It cordons the node, fires a shutdown Job owned by the slot alone, and ends once the machine is observed off,
-with the same shutdown streak (and its reset) as a claim's scale-down.
+with the same shutdown streak (and its reset) as a claim's scale-down. It is also how a claim's episode ends
+when the claim itself could not end it (failed, or deleted, with its machine maybe on): it waits out that claim's
+startup Job (a boot is reversed, never interrupted), and shuts down a machine the Job powered even if its
+kubelet never showed it.
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
-from api.names import EventReason
+from api.names import EventReason, JobType
 from workflows.legacy.v2.release import LegacyRelease
-from workflows.shutdown import ShutdownBook, shut_down
-from workflows.verbs import SlotVerbs
+from workflows.shutdown import JOB_OUTCOME_SUCCEEDED, ShutdownBook, monitor_job, shut_down
+from workflows.verbs import Broken, SlotVerbs
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)
@@ -26,16 +29,27 @@ class Release(SlotVerbs):
         self.observation = c.Observation(power="on")
         self.aborted = False
         self.episode = ""
+        self.powered = seed.powered
+        self.was_seen_on = False
+        self.off_verified = False
 
     async def run(self, seed: c.ReleaseSeed) -> bool:
         workflow.upsert_search_attributes([KEY_GROUP.value_set(seed.group), KEY_SLOT.value_set(seed.slot)])
         # A Job name of its own per episode: an earlier release's finished Job must not answer for this one.
         self.episode = f"{seed.slot}-release-{workflow.uuid4().hex[:5]}"
-        self.details("machine on with no claim: shutting it down")
-        off = await shut_down(self)
-        self.details("machine observed off" if off else "release aborted")
-        if off:
-            await self.on_event(EventReason.MACHINE_RELEASED, "machine with no claim observed off", False)
+        if seed.startup_job:
+            self.details(f"letting startup Job {seed.startup_job} of claim {seed.claim} finish first")
+            if await monitor_job(self, seed.startup_job, JobType.STARTUP) == JOB_OUTCOME_SUCCEEDED:
+                self.powered = True
+        self.details("machine on with no live claim: shutting it down")
+        try:
+            off = await shut_down(self)
+        except Broken as err:
+            await self.on_event(EventReason.SHUTDOWN_JOB_FAILED, f"the shutdown Job cannot be made: {err}", True)
+            off = False
+        self.details("machine observed off" if off else "release given up")
+        if off and (self.was_seen_on or self.powered):
+            await self.on_event(EventReason.MACHINE_RELEASED, "machine with no live claim observed off", False)
         await workflow.wait_condition(workflow.all_handlers_finished)
         try:
             await workflow.get_external_workflow_handle(c.group_workflow_id(seed.namespace, seed.group)).signal(
@@ -49,7 +63,7 @@ class Release(SlotVerbs):
         self.take(observation)
 
     def job_finished(self, finished: c.JobFinished) -> None:
-        self._book.finished_jobs[finished.job] = finished.succeeded
+        self._book.finish(finished)
 
     def abort(self) -> None:
         self.aborted = True
@@ -65,6 +79,8 @@ class Release(SlotVerbs):
 
     def take(self, observation: c.Observation) -> bool:
         self.observation, changed = observation.replacing(self.observation)
+        if self.power_on():
+            self.was_seen_on, self.off_verified = True, False
         return changed
 
     @property
@@ -73,6 +89,15 @@ class Release(SlotVerbs):
 
     def power_on(self) -> bool:
         return self.observation.power == "on"
+
+    def maybe_on(self) -> bool:
+        return self.power_on() or (self.powered and not self.was_seen_on and not self.off_verified)
+
+    def seen_on(self) -> bool:
+        return self.was_seen_on
+
+    def off_unseen(self) -> None:
+        self.off_verified = True
 
     def interrupted(self) -> bool:
         return self.aborted
@@ -87,11 +112,14 @@ class Release(SlotVerbs):
         self.details(f"shutdown Job {job}, attempt {self._book.attempts}")
 
     async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
-        await self.write(
-            c.Act.SLOT_EVENT,
-            c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning),
-            f"event {reason} on slot {self.seed.slot}",
-        )
+        try:
+            await self.write(
+                c.Act.SLOT_EVENT,
+                c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning),
+                f"event {reason} on slot {self.seed.slot}",
+            )
+        except Broken as err:
+            workflow.logger.warning("event %s on slot %s not recorded: %s", reason, self.seed.slot, err)
 
 
 # The marker of the current generation: a run whose history lacks it is a generation-2 run.

@@ -1,9 +1,14 @@
 """ShutdownNode and its verification: a shutdown Job that succeeded is not a machine that is off.
 
-Shared by the claim workflow (a scale-down, or the forced shutdown of a failed claim) and the release workflow
-(law 3). The driver cordons, fires one shutdown Job, counts it on the streak, waits for the Job, then waits for
-the machine to be observed off. A spent streak pauses the driver until the reset grace passes, the operator
-resets it, or the machine is seen off.
+Shared by the claim workflow (a scale-down) and the release workflow (law 3, including the end of a failed
+claim's machine). The driver cordons, fires one shutdown Job, counts it on the streak, waits for the Job, then
+waits for the machine to be observed off. A spent streak pauses the driver until the reset grace passes, the
+operator resets it, or the machine is seen off.
+
+A machine that a startup Job powered but whose kubelet never showed it (no Node, or never Ready) cannot be
+observed off: it is shut down all the same, and the Job's success, followed by a verification window in which
+the machine does not show up, is taken as off. Past the streak with the machine still never seen, the driver
+stops and says so rather than firing shutdown Jobs at a machine that may never have come up.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from api.names import (
     JobType,
 )
 from workflows import claims, metrics
+from workflows.verbs import Broken
 
 # How long a machine may keep reporting Ready after its shutdown Job succeeded: the kubelet's Node stays Ready
 # for node-monitor-grace-period (about 40 s) after a real power-off; twice a kubelet status period on top.
@@ -31,6 +37,14 @@ SHUTDOWN_VERIFY_TIMEOUT = timedelta(minutes=2)
 JOB_OUTCOME_SUCCEEDED = "succeeded"
 JOB_OUTCOME_FAILED = "failed"
 JOB_OUTCOME_TIMEOUT = "timeout"
+# The Job controller's reason for a Job its own activeDeadlineSeconds ended: a timeout, not a failure.
+JOB_DEADLINE_REASON = "DeadlineExceeded"
+
+SHUTDOWN_EVENTS: dict[str, EventReason] = {
+    JOB_OUTCOME_SUCCEEDED: EventReason.SHUTDOWN_NOT_OBSERVED,
+    JOB_OUTCOME_FAILED: EventReason.SHUTDOWN_JOB_FAILED,
+    JOB_OUTCOME_TIMEOUT: EventReason.SHUTDOWN_JOB_TIMEOUT,
+}
 
 
 @dataclass
@@ -42,6 +56,7 @@ class ShutdownBook:
     sequence: int = 0
     limit_reported: bool = False
     finished_jobs: dict[str, bool] = field(default_factory=dict)
+    finished_reasons: dict[str, str] = field(default_factory=dict)
 
     def streak(self) -> claims.ShutdownStreak:
         return claims.ShutdownStreak(self.attempts, self.last_attempt_at)
@@ -49,9 +64,22 @@ class ShutdownBook:
     def reset(self) -> None:
         self.attempts, self.last_attempt_at, self.limit_reported = 0, None, False
 
+    def finish(self, finished: c.JobFinished) -> None:
+        self.finished_jobs[finished.job] = finished.succeeded
+        if finished.reason:
+            self.finished_reasons[finished.job] = finished.reason
+
+    def outcome(self, job: str) -> str | None:
+        """How a Job ended (None while it runs): a Job ended by its own deadline timed out."""
+        if job not in self.finished_jobs:
+            return None
+        if self.finished_jobs[job]:
+            return JOB_OUTCOME_SUCCEEDED
+        return JOB_OUTCOME_TIMEOUT if self.finished_reasons.get(job) == JOB_DEADLINE_REASON else JOB_OUTCOME_FAILED
+
 
 class ShutdownHost(Protocol):
-    """What a workflow lends the driver: its verbs, its book, and when to stop."""
+    """What a workflow lends the driver: its verbs, its book, what it believes of the machine, when to stop."""
 
     @property
     def book(self) -> ShutdownBook: ...
@@ -61,6 +89,12 @@ class ShutdownHost(Protocol):
     def details(self, text: str) -> None: ...
 
     def power_on(self) -> bool: ...
+
+    def maybe_on(self) -> bool: ...
+
+    def seen_on(self) -> bool: ...
+
+    def off_unseen(self) -> None: ...
 
     def interrupted(self) -> bool: ...
 
@@ -89,8 +123,8 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
     ref = c.JobRef(host.slot_ref().namespace, job)
     end = host.now() + JOB_TIMEOUT
     while True:
-        if job in book.finished_jobs:
-            outcome = JOB_OUTCOME_SUCCEEDED if book.finished_jobs[job] else JOB_OUTCOME_FAILED
+        outcome = book.outcome(job)
+        if outcome is not None:
             metrics.job_finished(job_type, outcome)
             return outcome
         remaining = end - host.now()
@@ -109,7 +143,7 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
         if status is None or status.state == c.JOB_RUNNING:
             continue
         # A Job that vanished before we saw its end cannot be trusted to have done its work.
-        book.finished_jobs[job] = status.state == c.JOB_SUCCEEDED
+        book.finish(c.JobFinished(job, status.state == c.JOB_SUCCEEDED, status.reason))
 
 
 async def poll_until(
@@ -141,12 +175,15 @@ async def poll_until(
 
 
 async def shut_down(host: ShutdownHost) -> bool:
-    """Drive the machine off; True once it is observed off, False when interrupted first."""
+    """Drive the machine off; True once it is observed (or, never seen, taken to be) off, False when stopped.
+
+    A shutdown Job the API server refuses raises `Broken`: no retry makes that Job, so the caller decides.
+    """
     book = host.book
     slot = host.slot_ref()
     await host.observe_now()
     while True:
-        if not host.power_on():
+        if not host.maybe_on():
             return True
         if host.interrupted():
             return False
@@ -155,10 +192,26 @@ async def shut_down(host: ShutdownHost) -> bool:
         if streak.attempts == 0 and book.attempts:
             book.reset()  # the grace passed: the count restarts, which is what picks up a fixed script
         if not claims.may_fire_shutdown(book.streak(), now):
+            if not host.seen_on() and not host.power_on():
+                await host.on_event(
+                    EventReason.MACHINE_OFF_UNSEEN,
+                    f"{book.attempts} shutdown Jobs did not succeed for a machine its kubelet never showed on; "
+                    "taken to be off (it is released by law 3 if it ever shows up)",
+                    True,
+                )
+                host.off_unseen()
+                return True
             await _pause(host)
             continue
         host.details("cordoning the node")
-        await host.write(c.Act.CORDON, slot, f"cordon the node of slot {slot.slot}")
+        if book.attempts == 0:
+            await host.on_event(
+                EventReason.SCALE_DOWN_STARTED, f"cordoning the node of slot {slot.slot}, then a shutdown Job", False
+            )
+        try:
+            await host.write(c.Act.CORDON, slot, f"cordon the node of slot {slot.slot}")
+        except Broken as err:  # a cordon only keeps pods away meanwhile; the power-off does not need it
+            await host.on_event(EventReason.SHUTDOWN_JOB_FAILED, f"could not cordon: {err.message}", True)
         book.sequence += 1
         job = c.job_name(host.job_owner() or slot.slot, JobType.SHUTDOWN, book.sequence)
         created = await host.write(
@@ -172,24 +225,31 @@ async def shut_down(host: ShutdownHost) -> bool:
         await host.on_attempt(job)
         outcome = await monitor_job(host, job, JobType.SHUTDOWN)
         if outcome == JOB_OUTCOME_SUCCEEDED:
-            host.details(f"shutdown Job {job} succeeded; waiting to observe the machine off")
-            if await poll_until(host, lambda: not host.power_on(), SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification"):
+            if await _verified_off(host, job):
                 return True
             if host.interrupted():
                 return False
-            await host.on_event(
-                EventReason.SHUTDOWN_NOT_OBSERVED,
-                f"shutdown Job {job} succeeded but the machine is still on (attempt {book.attempts} of "
-                f"{MAX_CONSECUTIVE_ATTEMPTS})",
-                True,
-            )
+            said = "succeeded but the machine is still on"
         else:
-            await host.on_event(
-                EventReason.SHUTDOWN_NOT_OBSERVED,
-                f"shutdown Job {job} {'timed out' if outcome == JOB_OUTCOME_TIMEOUT else 'failed'} "
-                f"(attempt {book.attempts} of {MAX_CONSECUTIVE_ATTEMPTS})",
-                True,
-            )
+            said = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed"
+        await host.on_event(
+            SHUTDOWN_EVENTS[outcome],
+            f"shutdown Job {job} {said} (attempt {book.attempts} of {MAX_CONSECUTIVE_ATTEMPTS})",
+            True,
+        )
+
+
+async def _verified_off(host: ShutdownHost, job: str) -> bool:
+    """After a successful shutdown Job: the machine observed off, or (never seen on) not showing up in the window."""
+    host.details(f"shutdown Job {job} succeeded; waiting to observe the machine off")
+    if host.seen_on() or host.power_on():
+        return await poll_until(host, lambda: not host.power_on(), SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification")
+    # Never seen on: if its kubelet shows up now, it was coming up after all and the verification continues.
+    appeared = await poll_until(host, host.power_on, SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification (unseen)")
+    if not appeared:
+        host.off_unseen()
+        return True
+    return await poll_until(host, lambda: not host.power_on(), SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification")
 
 
 async def _pause(host: ShutdownHost) -> None:
@@ -208,7 +268,7 @@ async def _pause(host: ShutdownHost) -> None:
     attempts = book.attempts
     timeout = None if resume_at is None else max(resume_at - host.now(), timedelta(0))
     await host.wait(
-        lambda: book.attempts < attempts or not host.power_on() or host.interrupted(),
+        lambda: book.attempts < attempts or not host.maybe_on() or host.interrupted(),
         timeout,
         "shutdown streak reset grace",
     )

@@ -1,20 +1,24 @@
 """The verbs every workflow here is written in: activity calls with chosen policies, truth reads, bounded waits.
 
 Activities are called by name (see `api.contracts.Act`), so no Kubernetes code is ever imported into a workflow.
+A write that no retry can fix surfaces as `Broken` (never as an exception that fails the workflow): each
+workflow decides what it means for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from api import contracts as c
+from api.names import Failure
 
 T = TypeVar("T")
 
@@ -24,9 +28,12 @@ WRITE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(minutes=1),
-    non_retryable_error_types=["SlotDeleted", "InvalidPodSpec", "NotFound", "Invalid"],
+    non_retryable_error_types=[str(f) for f in Failure],
 )
 WRITE_TIMEOUT = timedelta(seconds=30)
+NON_RETRYABLE = frozenset(WRITE_RETRY.non_retryable_error_types or ())
+# A write whose retries the workflow makes itself, so that it can stop between two of them.
+ONE_ATTEMPT = RetryPolicy(maximum_attempts=1, non_retryable_error_types=list(NON_RETRYABLE))
 # Reads feed a poll that runs again anyway: a few quick tries, then the poll's next turn.
 READ_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -39,6 +46,23 @@ READ_TIMEOUT = timedelta(seconds=15)
 
 class Deadline(Exception):
     """A wait that a workflow-wide deadline overtook (the claim's boot deadline)."""
+
+
+class Broken(Exception):
+    """A write no retry can fix: `kind` is the activity's error type (a `Failure`, else "Unexpected")."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def broken(err: ActivityError) -> Broken:
+    """The `Broken` an activity failure stands for (its cause names the type when the activity raised it)."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return Broken(cause.type or "Unexpected", cause.message)
+    return Broken("Unexpected", str(cause or err))
 
 
 class Verbs:
@@ -57,21 +81,54 @@ class Verbs:
         workflow.set_current_details(text)
 
     async def write(self, name: str, arg: Any, summary: str) -> Any:
-        return await workflow.execute_activity(
-            name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=WRITE_RETRY, summary=summary
-        )
-
-    async def write_in_boot_window(self, name: str, arg: Any, summary: str) -> Any:
-        """A write the deadline may overtake: an API server that refuses it until then fails the claim."""
-        handle = workflow.start_activity(
-            name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=WRITE_RETRY, summary=summary
-        )
+        """A write retried until it lands; what retrying cannot fix raises `Broken`."""
         try:
-            await self.wait(handle.done, None, summary, deadline_applies=True)
-        except Deadline:
-            handle.cancel()
-            raise
-        return await handle
+            return await workflow.execute_activity(
+                name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=WRITE_RETRY, summary=summary
+            )
+        except ActivityError as err:
+            raise broken(err) from err
+
+    async def write_all(self, writes: list[tuple[str, Any, str]]) -> list[Any]:
+        """Independent writes at once (one workflow task schedules them all); the first `Broken` is raised."""
+        results = await asyncio.gather(*(self.write(*w) for w in writes), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
+    async def buy(
+        self,
+        name: str,
+        arg: Any,
+        summary: str,
+        *,
+        stop: Callable[[], bool],
+        landed: Callable[[], Awaitable[bool]] | None = None,
+    ) -> bool:
+        """A write that buys a machine, given up the moment `stop()` turns true, even while it is being retried.
+
+        True when the write landed. The retries are the workflow's own (one attempt per activity, a cancellable
+        wait between), so a stop never races an attempt: the one in flight is waited out, and no other starts.
+        When an attempt that failed may still have landed (a timeout, a lost answer), `landed()` reads the
+        truth. The boot deadline raises `Deadline`.
+        """
+        delay = WRITE_RETRY.initial_interval
+        uncertain = False
+        while not stop():
+            try:
+                await workflow.execute_activity(
+                    name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=ONE_ATTEMPT, summary=summary
+                )
+                return True
+            except ActivityError as err:
+                failure = broken(err)
+                if failure.kind in NON_RETRYABLE:
+                    raise failure from err
+                uncertain = True
+            await self.wait(stop, delay, f"{summary}: retry", deadline_applies=True)
+            delay = min(delay * WRITE_RETRY.backoff_coefficient, WRITE_RETRY.maximum_interval or delay)
+        return uncertain and landed is not None and await landed()
 
     async def read(self, name: str, arg: Any, result_type: type[T], summary: str) -> T | None:
         """A read that may fail: the caller's poll asks again, so a failure is an unknown, not an error."""

@@ -19,7 +19,8 @@ from api.names import (
 )
 from workflows import fsm
 from workflows.claim.runtime import ClaimRuntime
-from workflows.shutdown import JOB_OUTCOME_FAILED, JOB_OUTCOME_TIMEOUT, monitor_job, poll_until
+from workflows.shutdown import JOB_OUTCOME_FAILED, JOB_OUTCOME_SUCCEEDED, JOB_OUTCOME_TIMEOUT, monitor_job, poll_until
+from workflows.verbs import Broken
 
 # A startup Job that ended badly, as an event of the node state machine, and how the claim says it.
 JOB_EVENTS: dict[str, tuple[NodeEvent, str]] = {
@@ -33,6 +34,8 @@ async def boot(rt: ClaimRuntime) -> None:
     s = rt.s
     if s.startup_job:
         outcome = await monitor_job(rt, s.startup_job, JobType.STARTUP, deadline_applies=True)
+        if outcome == JOB_OUTCOME_SUCCEEDED:
+            s.powered = True
         if outcome in JOB_EVENTS:
             event, said = JOB_EVENTS[outcome]
             # The node state machine's table says what a failed or timed-out startup Job means for the claim.
@@ -77,7 +80,11 @@ async def boot(rt: ClaimRuntime) -> None:
         )
         return
     slot = c.SlotRef(s.seed.namespace, s.seed.slot)
-    await rt.write(c.Act.OPEN_GATE, slot, f"uncordon and taint the node of slot {s.seed.slot}")
+    try:
+        await rt.write(c.Act.OPEN_GATE, slot, f"uncordon and taint the node of slot {s.seed.slot}")
+    except Broken as err:  # the node cannot be opened (its slot lost its node name): it cannot take work
+        await rt.move(ClaimPhase.FAILED, ClaimReason.READINESS_GATE_TIMEOUT, f"the gate could not open: {err}", True)
+        return
     await rt.move(ClaimPhase.READY, message="the node is Ready and free of the readiness taints")
 
 
@@ -85,10 +92,17 @@ async def gate_timeout(rt: ClaimRuntime, message: str) -> None:
     """Uncordon anyway (a cordoned node is invisible to scale-down), warn on the slot, fail the claim."""
     s = rt.s
     slot = c.SlotRef(s.seed.namespace, s.seed.slot)
-    await rt.write(c.Act.UNCORDON, slot, f"uncordon the node of slot {s.seed.slot} anyway")
-    await rt.write(
-        c.Act.SLOT_EVENT,
-        c.SlotEvent(s.seed.namespace, s.seed.slot, EventReason.READINESS_GATE_TIMEOUT, message, True),
-        "readiness gate timeout warning",
-    )
+    try:
+        await rt.write_all(
+            [
+                (c.Act.UNCORDON, slot, f"uncordon the node of slot {s.seed.slot} anyway"),
+                (
+                    c.Act.SLOT_EVENT,
+                    c.SlotEvent(s.seed.namespace, s.seed.slot, EventReason.READINESS_GATE_TIMEOUT, message, True),
+                    "readiness gate timeout warning",
+                ),
+            ]
+        )
+    except Broken as err:
+        message = f"{message} (and the node could not be uncordoned: {err})"
     await rt.move(ClaimPhase.FAILED, ClaimReason.READINESS_GATE_TIMEOUT, message, True)

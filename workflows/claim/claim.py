@@ -1,8 +1,13 @@
-"""NodeClaimWorkflow: one claim, one attempt, from pending to collected.
+"""The claim, generation 3: one attempt, from pending to its terminal phase, where its workflow closes.
 
-The run is the phases in order (launch, boot, serve, then reverse or drain, then collect); the handlers only
-record inputs. Every move goes through `ClaimRuntime.move`, which checks the legal-moves table and projects the
-claim's status, so the resource, the search attributes and the group's view never disagree.
+The run is the phases in order (launch, boot, serve, then reverse); the handlers only record inputs. Every move
+goes through `ClaimRuntime.move`, which checks the legal-moves table, tells the group and projects the claim's
+status, so the resource, the search attributes and the group's view never disagree.
+
+Every run ends in a legal terminal phase, whatever an activity raises: a write no retry can fix (`Broken`)
+fails the claim with a reason naming its cause. The workflow then closes, Completed for `completed` and Failed
+(the claim's reason as the failure type) for `failed`, so Temporal's own list shows outcomes; what is left to
+do for the machine (law 3) and the resource (collection after its TTL) is the group's.
 """
 
 from __future__ import annotations
@@ -10,17 +15,17 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
-from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
+from api.names import ClaimPhase, ClaimReason, ConditionType
 from workflows.claim.boot import boot
-from workflows.claim.collection import collect
 from workflows.claim.launch import launch
 from workflows.claim.liveness import serve
-from workflows.claim.release import drain, reverse
-from workflows.claim.runtime import ClaimRuntime
+from workflows.claim.release import reverse
+from workflows.claim.runtime import ClaimRuntime, failure_reason
 from workflows.claim.state import ClaimState
-from workflows.verbs import Deadline
+from workflows.verbs import Broken, Deadline
 
 
 class Claim(ClaimRuntime):
@@ -32,71 +37,73 @@ class Claim(ClaimRuntime):
         if carried is None:
             await self._begin()
         try:
-            if s.phase == ClaimPhase.PENDING:
-                await launch(self)
-            if s.phase == ClaimPhase.BOOTING and not s.abandoned:
-                await boot(self)
-            if s.phase == ClaimPhase.READY and not s.marked and not s.abandoned and await serve(self):
+            if await self._lifecycle():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[seed, s.carried()])
         except Deadline:
-            await self.move(
-                ClaimPhase.FAILED,
-                ClaimReason.DEADLINE_EXCEEDED,
-                f"not ready by the deadline {s.deadline_at:%Y-%m-%d %H:%M:%S}Z",
-                True,
+            await self._fail(
+                ClaimReason.DEADLINE_EXCEEDED, f"not ready by the deadline {s.deadline_at:%Y-%m-%d %H:%M:%S}Z"
             )
+        except Broken as err:
+            await self._fail(failure_reason(err.kind), err.message)
         if s.live and s.abandoned:
             await self.move(ClaimPhase.FAILED, s.abandoned, s.abandoned_message)
-        if s.live and s.marked:
-            await reverse(self)
-        if s.terminal and not s.resource_gone:
-            if not s.abandoned:
-                await drain(self)
-            await collect(self)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        await self.notify_group(workflow_done=True)
+        self.details(f"{s.phase} ({s.reason or 'no reason'})")
+        if s.phase == ClaimPhase.FAILED:
+            raise ApplicationError(s.message or s.reason, type=s.reason, non_retryable=True)
         return s.digest(workflow_done=True)
+
+    async def _lifecycle(self) -> bool:
+        """The phases in order; True when a ready claim should continue as new (its history grew long)."""
+        s = self.s
+        if s.phase == ClaimPhase.PENDING:
+            await launch(self)
+        if s.phase == ClaimPhase.BOOTING and not s.abandoned:
+            await boot(self)
+        if s.phase == ClaimPhase.READY and not s.marked and not s.abandoned and await serve(self):
+            return True
+        if s.live and s.marked and not s.abandoned:
+            await reverse(self)
+        return False
+
+    async def _fail(self, reason: str, message: str) -> None:
+        """The claim ends failed (a live one only: a claim that already ended keeps its ending)."""
+        if self.s.live:
+            await self.move(ClaimPhase.FAILED, reason, message, True)
 
     async def _begin(self) -> None:
         s = self.s
         seed = s.seed
         self.search_attributes()
-        if seed.create_resource:
-            await self.write(c.Act.CREATE_CLAIM, seed, f"create claim {seed.name}")
         self.details("created")
-        await self.project(
-            EventReason.CLAIM_CREATED,
-            f"attempt {seed.attempt} for slot {seed.slot} ({seed.call})",
-        )
-        await self.notify_group()
+        if seed.create_resource:
+            try:
+                await self.write(c.Act.CREATE_CLAIM, seed, f"create claim {seed.name}")
+            except Broken as err:  # the API server refuses the claim itself: nothing can be recorded on it
+                s.resource_gone = True
+                s.abandoned, s.abandoned_message = ClaimReason.CLAIM_REFUSED, err.message
+                return
+        else:
+            await self.project(summary=f"take over claim {seed.name}")
 
     # --- handlers: they record inputs, the run decides -------------------------------------------------
     def observe(self, observation: c.Observation) -> None:
         self.s.take(observation)
 
     def job_finished(self, finished: c.JobFinished) -> None:
-        self.s.book.finished_jobs[finished.job] = finished.succeeded
+        self.s.book.finish(finished)
 
     async def mark_for_deletion(self, request: c.MarkRequest) -> None:
-        """A scale-down or a deletion; the first reason wins (it is the one the completion carries).
-
-        On a claim that already ended, a deletion (kubectl delete, the slot's garbage collection) means: collect
-        now, do not wait for the TTL.
-        """
-        if self.s.terminal:
-            self.s.collect_now = True
+        """A scale-down or a deletion; the first reason wins (it is the one the completion carries)."""
+        s = self.s
+        if s.terminal or not s.mark(request.reason):
             return
-        if self.s.marked:
-            return
-        self.s.marked = True
-        self.s.mark_reason = request.reason
-        self.s.set_condition(
+        s.set_condition(
             ConditionType.MARKED_FOR_DELETION, True, request.reason, "the machine will be shut down", self.now()
         )
         # The mark on the resource, so the slot report sees a scale-down without asking the workflow.
-        if workflow.patched("project-the-mark"):
-            await self.project(summary=f"record the mark ({request.reason}) on claim {self.s.seed.name}")
+        await self.project(summary=f"record the mark ({request.reason}) on claim {s.seed.name}")
 
     def superseded(self, by: str) -> None:
         """A newer live claim owns the slot: this one fails without touching the machine it hands over."""
@@ -107,7 +114,7 @@ class Claim(ClaimRuntime):
         self._abandon(ClaimReason.SLOT_DELETED, f"slot {self.s.seed.slot} was deleted")
 
     def _abandon(self, reason: str, message: str) -> None:
-        if not self.s.abandoned:
+        if not self.s.abandoned and self.s.live:
             self.s.abandoned, self.s.abandoned_message = reason, message
 
     async def reset_shutdown_streak(self) -> int:
@@ -127,8 +134,11 @@ class Claim(ClaimRuntime):
             call=s.seed.call,
             marked=s.marked,
             markReason=s.mark_reason or None,
+            markPhase=s.mark_phase or None,
             abandoned=s.abandoned_message or None,
             deadlineAt=None if s.deadline_at is None else s.deadline_at.isoformat(),
+            startupJob=s.startup_job or None,
+            powered=s.powered,
             observation={
                 "power": s.observation.power,
                 "usable": s.observation.usable,

@@ -1,4 +1,9 @@
-"""pending: the attempt bound, a cancel, and StartNode (the one write that commits a machine)."""
+"""pending: the attempt bound, a cancel, and StartNode (the one write that commits a machine).
+
+A cancel wins until a machine is bought: it is checked before each write that commits one (the finalizer,
+the startup Job) and while either is being retried; a write already under way is waited out, and when its
+outcome is unknown the startup Job is read, so a cancelled claim never leaves a Job behind it.
+"""
 
 from __future__ import annotations
 
@@ -21,40 +26,64 @@ async def launch(rt: ClaimRuntime) -> None:
             warning=True,
         )
         return
-    await rt.observe_now()
-    if s.abandoned:
-        return
-    if s.marked:
-        await cancel(rt)
-        return
-    ref = c.ClaimRef(seed.namespace, seed.name)
+
+    def stop() -> bool:
+        return s.marked or bool(s.abandoned)
+
     rt.details("committing the machine: finalizer, then the startup Job")
-    await rt.write_in_boot_window(c.Act.ADD_FINALIZER, ref, f"add the finalizer to claim {seed.name}")
-    if law.fires(s.law_input()) is Operation.START_NODE:
-        job = c.job_name(seed.name, JobType.STARTUP, 1)
-        await rt.write_in_boot_window(
-            c.Act.CREATE_JOB,
-            c.JobRequest(seed.namespace, seed.slot, JobType.STARTUP, 1, seed.name, job),
-            f"startup Job {job}",
-        )
-        s.startup_job = job
-        await rt.move(ClaimPhase.BOOTING, message=f"startup Job {job} created")
-    else:
+    ref = rt.claim_ref()
+    if not await rt.buy(c.Act.ADD_FINALIZER, ref, f"add the finalizer to claim {seed.name}", stop=stop):
+        await _not_bought(rt)
+        return
+    s.finalizer = True
+    if stop():
+        await _not_bought(rt)
+        return
+    if law.fires(s.law_input()) is not Operation.START_NODE:
         # The machine is already on (powered by hand, or a release still in flight): nothing to start, so the
         # claim commits to it and goes straight to the registration and readiness checks.
+        s.powered = True
         await rt.move(ClaimPhase.BOOTING, message="machine already on; no startup Job")
+        return
+    job = c.job_name(seed.name, JobType.STARTUP, 1)
+
+    async def job_exists() -> bool:
+        status = await rt.read(c.Act.READ_JOB, c.JobRef(seed.namespace, job), c.JobStatus, f"read startup Job {job}")
+        return status is not None and status.state != c.JOB_MISSING
+
+    s.startup_job = job  # named before it is asked for: a boot whose Job may exist is never forgotten
+    bought = await rt.buy(
+        c.Act.CREATE_JOB,
+        c.JobRequest(seed.namespace, seed.slot, JobType.STARTUP, 1, seed.name, job),
+        f"startup Job {job}",
+        stop=stop,
+        landed=job_exists,
+    )
+    if not bought:
+        s.startup_job = ""
+        await _not_bought(rt)
+        return
+    await rt.move(ClaimPhase.BOOTING, message=f"startup Job {job} created")
+
+
+async def _not_bought(rt: ClaimRuntime) -> None:
+    """No machine was committed: a superseded or slot-less claim fails (the run says why), a marked one cancels."""
+    if rt.s.marked and not rt.s.abandoned:
+        await cancel(rt)
 
 
 async def cancel(rt: ClaimRuntime) -> None:
     """Cancelling a pending claim is deleting it: nothing is in flight, and the target drops on that write."""
     s = rt.s
-    ref = c.ClaimRef(s.seed.namespace, s.seed.name)
     s.phase = claims.move(s.phase, ClaimPhase.COMPLETED)
     s.reason = s.mark_reason or ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE
+    s.message = f"cancelled while pending ({s.reason}); no machine was bought"
     s.finished_at = rt.now()
-    s.machine_off_verified = not s.power_on
+    s.collect_now = True  # the claim deletes its own resource: nothing for the group to collect
     rt.search_attributes()
-    await rt.project(EventReason.CLAIM_CANCELLED, f"cancelled while pending ({s.reason})")
-    await rt.write(c.Act.DELETE_CLAIM, ref, f"delete cancelled claim {s.seed.name}")
+    await rt.notify_group(final=True)
+    await rt.project(EventReason.CLAIM_CANCELLED, s.message)
+    if not s.resource_gone:
+        await rt.write(c.Act.DELETE_CLAIM, rt.claim_ref(), f"delete cancelled claim {s.seed.name}")
     s.resource_gone = True
-    await rt.notify_group()
+    s.finalizer = False

@@ -1,7 +1,7 @@
 """The claim workflow's verbs: activity calls with chosen policies, the one chokepoint for moves, bounded waits.
 
-The steps (launch, boot, liveness, shutdown, collection) are written in these verbs only, so each reads as the
-behaviour it implements.
+The steps (launch, boot, liveness, reversal) are written in these verbs only, so each reads as the behaviour
+it implements.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
-from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
+from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason, Failure
 from workflows import claims, metrics
 from workflows.claim.state import ClaimState
 from workflows.shutdown import ShutdownBook
-from workflows.verbs import SlotVerbs
+from workflows.verbs import Broken, SlotVerbs
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)
@@ -25,21 +25,43 @@ KEY_PHASE = SearchAttributeKey.for_keyword(c.SA_PHASE)
 KEY_REASON = SearchAttributeKey.for_keyword(c.SA_REASON)
 KEY_ATTEMPT = SearchAttributeKey.for_int(c.SA_ATTEMPT)
 
-MOVE_EVENTS: dict[str, EventReason] = {
+MOVE_EVENTS: dict[ClaimPhase, EventReason] = {
+    ClaimPhase.PENDING: EventReason.CLAIM_CREATED,
     ClaimPhase.BOOTING: EventReason.CLAIM_BOOTING,
     ClaimPhase.READY: EventReason.CLAIM_READY,
     ClaimPhase.FAILED: EventReason.CLAIM_FAILED,
     ClaimPhase.COMPLETED: EventReason.CLAIM_COMPLETED,
 }
 
+# What a write no retry can fix means for the claim: the reason it fails with, named after the cause.
+FAILURE_REASONS: dict[Failure, ClaimReason] = {
+    Failure.SLOT_DELETED: ClaimReason.SLOT_DELETED,
+    Failure.INVALID_POD_SPEC: ClaimReason.INVALID_POD_SPEC,
+    Failure.NOT_FOUND: ClaimReason.OPERATOR_ERROR,
+    Failure.INVALID: ClaimReason.OPERATOR_ERROR,
+    Failure.JOB_REFUSED: ClaimReason.JOB_REFUSED,
+    Failure.CLAIM_REFUSED: ClaimReason.CLAIM_REFUSED,
+}
+
+
+def failure_reason(kind: str) -> ClaimReason:
+    """The claim reason of a `Broken` write (an error type we do not know is the operator's own fault)."""
+    try:
+        return FAILURE_REASONS[Failure(kind)]
+    except ValueError:
+        return ClaimReason.OPERATOR_ERROR
+
 
 class ClaimRuntime(SlotVerbs):
-    """Claim state plus verbs; `NodeClaimWorkflow` adds the handlers and the order of the steps."""
+    """Claim state plus verbs; `Claim` adds the handlers and the order of the steps."""
 
     s: ClaimState
 
     def slot_ref(self) -> c.SlotRef:
         return c.SlotRef(self.s.seed.namespace, self.s.seed.slot)
+
+    def claim_ref(self) -> c.ClaimRef:
+        return c.ClaimRef(self.s.seed.namespace, self.s.seed.name)
 
     def take(self, observation: c.Observation) -> bool:
         return self.s.take(observation)
@@ -51,9 +73,35 @@ class ClaimRuntime(SlotVerbs):
     def details(self, text: str) -> None:
         workflow.set_current_details(f"**{self.s.seed.name}** ({self.s.phase}): {text}")
 
+    async def write(self, name: str, arg: Any, summary: str) -> Any:
+        """A write; a claim resource found gone means someone deleted the claim: a scale-down by hand."""
+        try:
+            return await super().write(name, arg, summary)
+        except Broken as err:
+            self._gone_or_raise(name, err)
+            return None
+
+    async def buy(self, name: str, arg: Any, summary: str, **kw: Any) -> bool:
+        try:
+            return await super().buy(name, arg, summary, **kw)
+        except Broken as err:
+            self._gone_or_raise(name, err)
+            return False
+
+    def _gone_or_raise(self, name: str, err: Broken) -> None:
+        if err.kind != Failure.NOT_FOUND or name not in CLAIM_WRITES:
+            raise err
+        self.s.resource_gone = True
+        self.s.mark(ClaimReason.DELETED_BY_HAND)
+
     # --- the one chokepoint for moves --------------------------------------------------------------------
     async def move(self, target: ClaimPhase, reason: str = "", message: str = "", warning: bool = False) -> None:
-        """Check the move against the legal-moves table, then project it, then tell the group."""
+        """Check the move against the legal-moves table, tell the group, then project it onto the resource.
+
+        The group hears first (a signal always lands), so the target size and the slot follow the claim at
+        once even while the API server refuses the projection. A terminal move is the claim's last word: its
+        digest is final and the projection releases the finalizer.
+        """
         s = self.s
         s.phase = claims.move(s.phase, target)
         now = self.now()
@@ -65,7 +113,8 @@ class ClaimRuntime(SlotVerbs):
         if target is ClaimPhase.READY:
             s.deadline_at = None
             s.set_condition(ConditionType.READY, True, reason or "ReadinessGatePassed", message, now)
-        if target in (ClaimPhase.FAILED, ClaimPhase.COMPLETED):
+        terminal = target in (ClaimPhase.FAILED, ClaimPhase.COMPLETED)
+        if terminal:
             s.finished_at = now
             if ConditionType.READY in s.conditions:
                 s.set_condition(ConditionType.READY, False, reason or str(target), message, now)
@@ -73,12 +122,18 @@ class ClaimRuntime(SlotVerbs):
         metrics.claim_moved(s.seed.group, str(target), s.reason)
         if target is ClaimPhase.READY:
             metrics.claim_ready_after(s.seed.group, now - s.seed.requested_at)
-        event = MOVE_EVENTS.get(target, EventReason.CLAIM_CREATED)
+        event = MOVE_EVENTS[target]
         if target is ClaimPhase.FAILED and reason == ClaimReason.SUPERSEDED:
             event = EventReason.CLAIM_SUPERSEDED
+        await self.notify_group(final=terminal)
         spec = {"deadlineAt": None} if target is ClaimPhase.READY else None
-        await self.project(event, message or f"{target} {reason}".strip(), warning=warning, spec=spec)
-        await self.notify_group()
+        await self.project(
+            event,
+            claims.move_message(target, s.reason, message, s.seed, s.startup_job, s.deadline_at, now),
+            warning=warning,
+            spec=spec,
+            release_finalizer=terminal and s.finalizer,
+        )
 
     async def project(
         self,
@@ -88,24 +143,36 @@ class ClaimRuntime(SlotVerbs):
         warning: bool = False,
         spec: dict[str, Any] | None = None,
         summary: str = "",
+        release_finalizer: bool = False,
     ) -> None:
-        """Write the claim's status (and an Event after it landed); nothing when the resource is gone."""
+        """Write the claim's status (and an Event after it landed); nothing when the resource is gone.
+
+        A projection the API server refuses for good is logged and left: the workflow is the claim's authority,
+        and the next move projects the whole state again.
+        """
         if self.s.resource_gone:
             return
         seed = self.s.seed
-        await self.write(
-            c.Act.RECORD_CLAIM,
-            c.StatusWrite(
-                namespace=seed.namespace,
-                name=seed.name,
-                status=self.s.status_document(),
-                spec=spec,
-                event_reason=str(event) if event else "",
-                event_message=message,
-                warning=warning,
-            ),
-            summary or f"record {self.s.phase} on claim {seed.name}",
-        )
+        try:
+            await self.write(
+                c.Act.RECORD_CLAIM,
+                c.StatusWrite(
+                    namespace=seed.namespace,
+                    name=seed.name,
+                    status=self.s.status_document(),
+                    spec=spec,
+                    event_reason=str(event) if event else "",
+                    event_message=message,
+                    warning=warning,
+                    release_finalizer=release_finalizer,
+                ),
+                summary or f"record {self.s.phase} on claim {seed.name}",
+            )
+        except Broken as err:
+            workflow.logger.error("claim %s: its status could not be recorded: %s", seed.name, err.message)
+            return
+        if release_finalizer:
+            self.s.finalizer = False
 
     def search_attributes(self) -> None:
         s = self.s
@@ -119,22 +186,31 @@ class ClaimRuntime(SlotVerbs):
             ]
         )
 
-    async def notify_group(self, *, workflow_done: bool = False) -> None:
-        """Tell the group what this claim is now (its target size and slot choice read it)."""
+    async def notify_group(self, *, final: bool = False) -> None:
+        """Tell the group what this claim is now (its target size, slot choice and collection read it)."""
         group_id = c.group_workflow_id(self.s.seed.namespace, self.s.seed.group)
         handle = workflow.get_external_workflow_handle(group_id)
         try:
-            await handle.signal("claim_changed", self.s.digest(workflow_done=workflow_done))
+            await handle.signal("claim_changed", self.s.digest(workflow_done=final))
         except Exception as err:
             workflow.logger.warning("could not tell group %s: %s", group_id, err)
 
-    # --- what the shutdown driver needs (ShutdownHost) ----------------------------------------------------------------
+    # --- what the shutdown driver needs (ShutdownHost) ----------------------------------------------------
     @property
     def book(self) -> ShutdownBook:
         return self.s.book
 
     def power_on(self) -> bool:
         return self.s.power_on
+
+    def maybe_on(self) -> bool:
+        return self.s.maybe_on
+
+    def seen_on(self) -> bool:
+        return self.s.was_seen_on
+
+    def off_unseen(self) -> None:
+        self.s.machine_off_verified = True
 
     def interrupted(self) -> bool:
         return bool(self.s.abandoned)
@@ -152,3 +228,10 @@ class ClaimRuntime(SlotVerbs):
 
     async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
         await self.project(reason, message, warning=warning, summary=f"record {reason} on claim {self.s.seed.name}")
+
+
+# Writes that need the claim resource: NotFound there means the claim was deleted (its finalizer removed by hand,
+# or it was deleted while pending, before it had one). A startup Job needs its claim as owner, so it is one.
+CLAIM_WRITES = frozenset(
+    {c.Act.ADD_FINALIZER, c.Act.RECORD_CLAIM, c.Act.RELEASE_CLAIM, c.Act.DELETE_CLAIM, c.Act.CREATE_JOB}
+)

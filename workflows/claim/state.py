@@ -1,4 +1,8 @@
-"""The claim's whole state in one dataclass: what the workflow decides from, carried across continue-as-new."""
+"""The claim's whole state in one dataclass: what the workflow decides from, carried across continue-as-new.
+
+Its fields are a superset of generation 2's (`workflows.legacy.v2.claim_state`): a ready claim of that
+generation continues as new into this one with its state intact.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,15 @@ from datetime import datetime
 from typing import Any
 
 from api.contracts import ClaimDigest, ClaimSeed, Observation
-from api.names import ClaimPhase, ConditionType
+from api.names import ClaimPhase, ClaimReason, ConditionType
 from workflows import law
 from workflows.shutdown import ShutdownBook
+
+GENERATION = 3
+
+# Reasons whose claim hands its machine over instead of ending its episode: the newer claim owns it, or no slot
+# is left to act through.
+HANDS_OVER = frozenset({ClaimReason.SUPERSEDED, ClaimReason.SLOT_DELETED})
 
 
 @dataclass
@@ -46,10 +56,18 @@ class ClaimState:
     finalizer: bool = False
     continued: int = 0
     liveness_reads: int = 0
+    # Generation 3.
+    powered: bool = False  # our startup Job succeeded, or the claim took a machine already on
+    was_seen_on: bool = False  # the machine has been observed on since it was powered
+    mark_phase: str = ""  # the phase the claim was in when the mark arrived (a cancel, or a reversal)
 
     @classmethod
     def from_seed(cls, seed: ClaimSeed) -> ClaimState:
-        return cls(seed=seed, phase=seed.phase, reason=seed.reason, deadline_at=seed.deadline_at)
+        s = cls(seed=seed, phase=seed.phase, reason=seed.reason, deadline_at=seed.deadline_at)
+        s.take(seed.observation)
+        if seed.marked_reason:
+            s.mark(seed.marked_reason)
+        return s
 
     # --- reads -------------------------------------------------------------------------------------------
     @property
@@ -63,6 +81,19 @@ class ClaimState:
     @property
     def power_on(self) -> bool:
         return self.observation.power == "on"
+
+    @property
+    def maybe_on(self) -> bool:
+        """Observed on, or powered by this claim and never shown by its kubelet since (nor verified off)."""
+        return self.power_on or (self.powered and not self.was_seen_on and not self.machine_off_verified)
+
+    @property
+    def hands_over(self) -> bool:
+        return self.reason in HANDS_OVER
+
+    @property
+    def startup_running(self) -> bool:
+        return bool(self.startup_job) and self.startup_job not in self.book.finished_jobs
 
     def law_input(self) -> law.Input:
         """The triple as this claim sees it (its own phase stands for the slot's live claim)."""
@@ -87,15 +118,31 @@ class ClaimState:
             requested_at=s.requested_at,
             deadline_at=self.deadline_at,
             finished_at=self.finished_at,
-            machine_off=self.machine_off_verified or not self.power_on,
+            machine_off=not self.maybe_on,
             workflow_done=workflow_done,
+            generation=GENERATION,
+            ttl_seconds=s.ttl_seconds,
+            hand_over=self.hands_over,
+            powered=self.maybe_on and not self.power_on,
+            startup_job=self.startup_job if self.startup_running else "",
+            collected=self.resource_gone or self.collect_now,
         )
 
     # --- writes ------------------------------------------------------------------------------------------
     def take(self, observation: Observation) -> bool:
         """Keep an observation unless it is older than the one held; True when a decision input changed."""
         self.observation, changed = observation.replacing(self.observation)
+        if self.power_on:
+            self.was_seen_on = True
+            self.machine_off_verified = False
         return changed
+
+    def mark(self, reason: str) -> bool:
+        """A scale-down or a deletion; the first reason wins (it is the one the completion carries)."""
+        if self.marked:
+            return False
+        self.marked, self.mark_reason, self.mark_phase = True, reason, str(self.phase)
+        return True
 
     def set_condition(self, kind: ConditionType, status: bool, reason: str, message: str, now: datetime) -> bool:
         """Set a condition; its clock moves only when its status flips. True when anything changed."""
@@ -124,7 +171,7 @@ class ClaimState:
                     "message": c.message,
                     "lastTransitionTime": _ts(c.since),
                 }
-                for kind, c in sorted(self.conditions.items())
+                for kind, c in sorted(self.conditions.items(), key=lambda kc: (kc[1].since, kc[0]))
             ],
         }
         return doc

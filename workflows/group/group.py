@@ -1,35 +1,57 @@
-"""GroupWorkflow: the single authority on a group's size, and the router of what its slots show.
+"""The group, generation 3: the single authority on a group's size, and the router of what its slots show.
 
 cluster-autoscaler's writes arrive as Updates with validators (a refused call records nothing), its reads as
-Queries, so what it reads right after a write is exactly what it wrote. Each claim runs as a child
-NodeClaimWorkflow that outlives the group's run (ABANDON); each law-3 release as a child ReleaseWorkflow.
+Queries, so what it reads right after a write is exactly what it wrote. A size change is decided and booked in
+one synchronous step under the group's lock (`GroupState.book_claim`), so any number of concurrent callers, of
+provider replicas, or of callers that gave up mid-Update, can never push the group past maxSize or put two
+live claims on one slot; an Update is applied whole or not at all. The run loop then starts the booked claims
+(all in one workflow task), sends the booked signals, starts releases, collects finished claims after their
+TTL and records the last scale on the Group.
+
+Each claim runs as a child NodeClaimWorkflow that outlives the group's run (ABANDON); each law-3 release as a
+child ReleaseWorkflow. What the group reads from Kubernetes arrives parsed (`load_group`): an object the
+contracts refuse is left out with its reason, never a failing workflow task.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import timedelta
+import asyncio
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 from api import contracts as c
-from api.names import ClaimCall, ClaimPhase, ClaimReason
+from api.names import CLAIM_TTL_SECONDS_AFTER_FINISHED, ClaimCall, ClaimPhase, ClaimReason
 from workflows import claims, law, metrics
 from workflows.claim.workflow import NodeClaimWorkflow
-from workflows.group.choice import choose
-from workflows.group.state import GroupState, SlotBook, new_slot
+from workflows.group.choice import choose, unclaimable
+from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
 from workflows.release import ReleaseWorkflow
-from workflows.verbs import Verbs
+from workflows.verbs import WRITE_TIMEOUT, Verbs
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
 RELOAD_INTERVAL = timedelta(minutes=10)
 # How long a deleted group waits for its claims to release their machines before it ends.
 WIND_DOWN_TIMEOUT = timedelta(hours=2)
+# Housekeeping writes (collection, the last scale) never hold the loop up: a few tries, then the next turn.
+HOUSEKEEPING_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=4),
+    maximum_attempts=3,
+)  # fmt: skip
+HOUSEKEEPING_BACKOFF = timedelta(minutes=1)
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
+
+
+def _outcome_heard(done: asyncio.Future[Any]) -> None:
+    """A child's end reaches the group through its own signal; the result Temporal also delivers is not needed
+    (a failed claim's workflow fails by design), so it is taken here rather than left as an unread exception.
+    """
+    if not done.cancelled():
+        done.exception()
 
 
 def _refuse(kind: str, message: str) -> ApplicationError:
@@ -40,27 +62,28 @@ class Group(Verbs):
     def __init__(self, ref: c.GroupRef, carried: GroupState | None = None) -> None:
         self.ref = ref
         self.s = carried if carried is not None else GroupState(ref.namespace, ref.group)
-        self.outbox: list[tuple[str, str]] = []  # (older claim, newer claim) to supersede
+        self.lock = asyncio.Lock()  # size changes are decided one at a time (their bodies never await inside)
+        self.last_reload: datetime | None = None
+        self.housekeeping_at: datetime | None = None
 
     async def run(self, ref: c.GroupRef, carried: GroupState | None = None) -> None:
         s = self.s
         s.updates = 0
         workflow.upsert_search_attributes([KEY_GROUP.value_set(ref.group)])
+        self.last_reload = self.now()
         if not s.loaded:
             await self.reload()
         while True:
-            self.details(f"{s.target_size()} claims wanted of max {s.max_size}; watching {len(s.slots)} slots")
-            woke = await self.wait(
-                lambda: s.reload_requested or bool(s.inbox) or bool(self.outbox) or self.should_continue(),
-                RELOAD_INTERVAL,
-                "periodic reload of the group",
-            )
-            if not woke or s.reload_requested:
+            self.details(self.summary())
+            woke = await self.wait(self.has_work, self.next_wake(), "periodic reload of the group")
+            if s.reload_requested or (not woke and self.now() - (self.last_reload or self.now()) >= RELOAD_INTERVAL):
                 s.reload_requested = False
                 await self.reload()
-            await self.supersede_older()
+            await self.flush()
             while s.inbox:
-                await self.on_observation(s.inbox.pop(0))
+                self.on_observation(s.inbox.pop(0))
+            await self.flush()
+            await self.housekeeping()
             s.forget_failures(self.now())
             metrics.group_claims(s.name, s.phase_counts())
             if s.loaded and not s.exists:
@@ -70,6 +93,32 @@ class Group(Verbs):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(args=[ref, s])
 
+    def summary(self) -> str:
+        s = self.s
+        text = f"{s.target_size()} claims wanted of max {s.max_size}; watching {len(s.slots)} slots"
+        return f"{text}; the Group cannot be used: {s.problem}" if s.problem else text
+
+    def has_work(self) -> bool:
+        s = self.s
+        return (
+            s.reload_requested
+            or bool(s.inbox or s.to_start or s.outbox)
+            or any(b.release is not None for b in s.slots.values())
+            or self.housekeeping_due()
+            or self.should_continue()
+        )
+
+    def next_wake(self) -> timedelta:
+        """Until the next periodic reload or the next housekeeping (a collection due, a write to try again)."""
+        now = self.now()
+        wakes = [(self.last_reload or now) + RELOAD_INTERVAL]
+        due = self.s.next_collection()
+        if due is not None:
+            wakes.append(max(due, self.housekeeping_at or due))
+        if self.s.scale is not None and self.housekeeping_at is not None:
+            wakes.append(self.housekeeping_at)
+        return max(min(wakes) - now, timedelta(seconds=1))
+
     def should_continue(self) -> bool:
         """Continue as new when Temporal suggests it, or well before the per-run Update limit."""
         return workflow.info().is_continue_as_new_suggested() or self.s.updates >= self.s.updates_per_run
@@ -77,6 +126,7 @@ class Group(Verbs):
     # --- reading the group from Kubernetes ---------------------------------------------------------------
     async def reload(self) -> None:
         s = self.s
+        self.last_reload = self.now()
         view = await self.read(c.Act.LOAD_GROUP, c.GroupRef(s.namespace, s.name), c.GroupView, "load the group")
         if view is None:
             return
@@ -84,7 +134,9 @@ class Group(Verbs):
         if not view.exists:
             s.loaded = True
             return
-        s.min_size, s.max_size, s.max_provision_seconds = view.min_size, view.max_size, view.max_provision_seconds
+        s.problem = view.problem
+        if not view.problem:
+            s.min_size, s.max_size, s.max_provision_seconds = view.min_size, view.max_size, view.max_provision_seconds
         if view.template is not None:
             s.template = view.template
         seen = set()
@@ -95,46 +147,59 @@ class Group(Verbs):
                 book = s.slots[sv.name] = new_slot(s.namespace, sv)
             book.exists, book.node_name, book.activations = True, sv.node_name, sv.activations_last_24h
             book.provider_id = sv.provider_id or book.provider_id
-            if book.last_outcome is None and sv.last_claim is not None:
-                book.last_outcome = sv.last_claim
+            book.problem, book.attempts_reset_at = sv.problem, sv.attempts_reset_at
+            if sv.last_claim is not None:
+                book.record_outcome(sv.last_claim)
             if not sv.observation.older_than(book.observation):
                 book.observation = sv.observation
         for name, book in s.slots.items():
             if name not in seen and book.exists:
                 book.exists = False
-                await self.slot_gone(book)
+                for claim in {book.live_claim, book.draining_claim} - {""}:
+                    s.send(c.claim_workflow_id(s.namespace, claim), "slot_deleted")
         for cv in view.claims:
             if cv.name not in s.claims and cv.slot in s.slots:
-                await self.take_over(cv)
+                self.take_over(cv)
         s.loaded = True
         for book in s.slots.values():
             if book.exists and not book.live_claim and not book.draining_claim:
                 s.inbox.append(c.SlotObservation(book.name, book.observation))
 
-    async def slot_gone(self, book: SlotBook) -> None:
-        """A deleted slot fails its claims (SlotDeleted); nothing can power its machine any more."""
-        for name in {book.live_claim, book.draining_claim} - {""}:
-            await self._signal(c.claim_workflow_id(self.s.namespace, name), "slot_deleted")
-
-    async def take_over(self, cv: c.ClaimView) -> None:
-        """A claim resource the group does not track: hand-applied, or left by a lost run. Run it."""
+    def take_over(self, cv: c.ClaimView) -> None:
+        """A claim resource the group does not track: hand-applied, or left by a lost run. It obeys every rule a
+        provider-made claim does: attempt seeded from the slot, a deadline from requestedAt, its own TTL.
+        """
         s = self.s
+        book = s.slots[cv.slot]
+        if cv.name in s.collect:
+            return  # it ended here already; its resource may still show the phase before its last projection
+        if law.is_terminal(cv.phase):
+            ended = cv.finished_at or cv.requested_at or self.now()
+            s.collect[cv.name] = ended + timedelta(seconds=cv.ttl_seconds)
+            return
+        requested = cv.requested_at or self.now()
+        group_max = max(s.max_provision_seconds, cv.max_provision_seconds)
+        deadline = cv.deadline_at
+        if deadline is None and law.in_boot_window(cv.phase):
+            deadline = claims.deadline_at(requested, timedelta(seconds=group_max) if group_max else None)
         seed = c.ClaimSeed(
             namespace=s.namespace,
             name=cv.name,
             slot=cv.slot,
             group=s.name,
             call=cv.call or ClaimCall.MANUAL,
-            attempt=max(cv.attempt, 1),
-            requested_at=cv.requested_at or self.now(),
-            deadline_at=cv.deadline_at,
-            max_provision_seconds=s.max_provision_seconds,
-            ttl_seconds=3600,
+            attempt=cv.attempt if cv.has_attempt else book.next_attempt(),
+            requested_at=requested,
+            deadline_at=deadline,
+            max_provision_seconds=claims.provision_time(timedelta(seconds=group_max)).total_seconds(),
+            ttl_seconds=cv.ttl_seconds,
             phase=cv.phase or ClaimPhase.PENDING,
             reason=cv.reason,
             create_resource=False,
+            observation=book.observation,
+            marked_reason=ClaimReason.DELETED_BY_HAND if cv.marked else "",
         )
-        await self.start_claim(seed, marked=cv.marked)
+        s.book_claim(seed)
 
     # --- claims ------------------------------------------------------------------------------------------
     def new_seed(self, book: SlotBook, call: str, phase: str = ClaimPhase.PENDING, reason: str = "") -> c.ClaimSeed:
@@ -142,75 +207,78 @@ class Group(Verbs):
         now = self.now()
         group_max = timedelta(seconds=s.max_provision_seconds) if s.max_provision_seconds else None
         s.claim_counter += 1
+        pending = phase == ClaimPhase.PENDING
         return c.ClaimSeed(
             namespace=s.namespace,
-            name=f"{book.name}-{workflow.uuid4().hex[:6]}",
+            name=c.claim_name(book.name, workflow.uuid4().hex),
             slot=book.name,
             group=s.name,
             call=call,
-            attempt=claims.seed_attempt(book.last_outcome) if phase == ClaimPhase.PENDING else 1,
+            attempt=book.next_attempt() if pending else 1,
             requested_at=now,
-            deadline_at=claims.deadline_at(now, group_max) if phase == ClaimPhase.PENDING else None,
-            max_provision_seconds=max(s.max_provision_seconds, claims.attempt_budget().total_seconds()),
-            ttl_seconds=3600,
+            deadline_at=claims.deadline_at(now, group_max) if pending else None,
+            max_provision_seconds=claims.provision_time(group_max).total_seconds(),
+            ttl_seconds=CLAIM_TTL_SECONDS_AFTER_FINISHED,
             phase=phase,
             reason=reason,
+            observation=book.observation,
         )
 
-    async def start_claim(self, seed: c.ClaimSeed, *, marked: bool = False) -> None:
-        """Record the claim first (so the target and the slot choice see it at once), then start its workflow."""
+    async def flush(self) -> None:
+        """Start the booked claims (all at once), then send the booked signals and start the booked releases."""
         s = self.s
-        s.remember(
-            c.ClaimDigest(
-                name=seed.name,
-                slot=seed.slot,
-                group=seed.group,
-                phase=seed.phase,
-                attempt=seed.attempt,
-                call=seed.call,
-                reason=seed.reason,
-                marked=marked,
-                requested_at=seed.requested_at,
-                deadline_at=seed.deadline_at,
-            )
-        )
-        self.check_one_live_claim(seed.slot, seed.name)
-        wid = c.claim_workflow_id(seed.namespace, seed.name)
+        starts, s.to_start = s.to_start, []
+        if starts:
+            await asyncio.gather(*(self._start_claim(seed) for seed in starts))
+        signals, s.outbox = s.outbox, []
+        releases = [b for b in s.slots.values() if b.release is not None]
+        if signals or releases:
+            await asyncio.gather(*(self._signal(o) for o in signals), *(self._start_release(b) for b in releases))
+
+    async def _start_claim(self, seed: c.ClaimSeed) -> None:
         try:
-            await workflow.start_child_workflow(
+            handle = await workflow.start_child_workflow(
                 NodeClaimWorkflow.run,
                 args=[seed, None],
-                id=wid,
+                id=c.claim_workflow_id(seed.namespace, seed.name),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 static_summary=f"claim {seed.name} for slot {seed.slot} in group {seed.group}, attempt {seed.attempt}",
             )
         except WorkflowAlreadyStartedError:
+            workflow.logger.info("claim %s already runs", seed.name)
             return
-        if marked:
-            await self._signal(wid, "mark_for_deletion", c.MarkRequest(ClaimReason.DELETED_BY_HAND))
+        handle.add_done_callback(_outcome_heard)
 
-    def check_one_live_claim(self, slot_name: str, claim: str) -> None:
-        """The newest live claim owns the slot; every older live one is superseded."""
-        live = [
-            d for d in self.s.claims.values() if d.slot == slot_name and law.is_live(d.phase) and not d.workflow_done
-        ]
-        if len(live) < 2:
+    async def _start_release(self, book: SlotBook) -> None:
+        seed, book.release = book.release, None
+        if seed is None:
             return
-        live.sort(key=lambda d: (d.requested_at or self.now(), d.name))
-        newest = live[-1]
-        for older in live[:-1]:
-            self.outbox.append((older.name, newest.name))
-        book = self.s.slots.get(slot_name)
-        if book is not None:
-            book.live_claim = newest.name
+        why = f"the end of claim {seed.claim}" if seed.claim else "a machine on with no claim"
+        try:
+            handle = await workflow.start_child_workflow(
+                ReleaseWorkflow.run,
+                seed,
+                id=c.release_workflow_id(self.s.namespace, book.name),
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                static_summary=f"release slot {book.name} of group {self.s.name}: {why}",
+            )
+        except WorkflowAlreadyStartedError:
+            workflow.logger.info("a release of slot %s already runs", book.name)
+            return
+        handle.add_done_callback(_outcome_heard)
 
-    async def supersede_older(self) -> None:
-        while self.outbox:
-            older, newer = self.outbox.pop(0)
-            await self._signal(c.claim_workflow_id(self.s.namespace, older), "superseded", newer)
+    async def _signal(self, out: Outgoing) -> None:
+        try:
+            handle = workflow.get_external_workflow_handle(out.workflow_id)
+            if out.arg is None:
+                await handle.signal(out.signal)
+            else:
+                await handle.signal(out.signal, out.arg)
+        except Exception as err:
+            workflow.logger.info("signal %s to %s not delivered: %s", out.signal, out.workflow_id, err)
 
     # --- what the slots show -----------------------------------------------------------------------------
-    async def on_observation(self, obs: c.SlotObservation) -> None:
+    def on_observation(self, obs: c.SlotObservation) -> None:
         s = self.s
         book = s.slots.get(obs.slot)
         if book is None:
@@ -220,44 +288,64 @@ class Group(Verbs):
             book.observation = obs.observation
         owner = book.live_claim or book.draining_claim
         if owner:
-            await self._signal(c.claim_workflow_id(s.namespace, owner), "observe", book.observation)
+            if not any(seed.name == owner for seed in s.to_start):  # a booked claim starts with what the book saw
+                s.send(c.claim_workflow_id(s.namespace, owner), "observe", book.observation)
         elif book.releasing:
-            await self._signal(c.release_workflow_id(s.namespace, book.name), "observe", book.observation)
+            if book.release is None:  # started: it hears the machine
+                s.send(c.release_workflow_id(s.namespace, book.name), "observe", book.observation)
         elif book.exists and book.observation.power == "on":
             if book.ever_claimed:
-                await self.release(book)
+                s.book_release(book)
             else:
-                await self.adopt(book)
+                # A running machine in a slot that never had a claim is the homelab's, not an orphan: claim it.
+                s.book_claim(self.new_seed(book, ClaimCall.ADOPTED, ClaimPhase.READY, ClaimReason.ADOPTED))
 
-    async def adopt(self, book: SlotBook) -> None:
-        """A running machine in a slot that never had a claim is the homelab's, not an orphan: claim it ready."""
-        seed = self.new_seed(book, ClaimCall.ADOPTED, ClaimPhase.READY, ClaimReason.ADOPTED)
-        await self.start_claim(seed)
+    # --- housekeeping: collection after the TTL, the last scale on Group.status --------------------------------
+    def housekeeping_due(self) -> bool:
+        now = self.now()
+        if self.housekeeping_at is not None and now < self.housekeeping_at:
+            return False
+        due = self.s.next_collection()
+        return self.s.scale is not None or (due is not None and due <= now)
 
-    async def release(self, book: SlotBook) -> None:
-        """Law 3: a machine on with no claim, in a slot that has had one, is powered off."""
-        book.releasing = True
-        try:
-            await workflow.start_child_workflow(
-                ReleaseWorkflow.run,
-                c.ReleaseSeed(self.s.namespace, book.name, self.s.name),
-                id=c.release_workflow_id(self.s.namespace, book.name),
-                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-                static_summary=f"release slot {book.name} of group {self.s.name}: machine on with no claim",
-            )
-        except WorkflowAlreadyStartedError:
+    async def housekeeping(self) -> None:
+        """Collect the claims past their TTL and record the last scale; a failure waits a minute, never the loop."""
+        s = self.s
+        if not self.housekeeping_due():
             return
+        now = self.now()
+        due = sorted(name for name, at in s.collect.items() if at <= now)
+        writes: list[tuple[str, Any, str]] = [
+            (c.Act.DELETE_CLAIM, c.ClaimRef(s.namespace, name), f"collect claim {name} (its TTL passed)")
+            for name in due
+        ]
+        if s.scale is not None:
+            writes.append((c.Act.RECORD_SCALE, s.scale, f"record {s.scale.action} on the Group"))
+        results = await asyncio.gather(*(self._housekeeping_write(*w) for w in writes))
+        for name, ok in zip(due, results, strict=False):
+            if ok:
+                s.collect.pop(name, None)
+        if s.scale is not None and results[-1]:
+            s.scale = None
+        self.housekeeping_at = None if all(results) else now + HOUSEKEEPING_BACKOFF
+
+    async def _housekeeping_write(self, name: str, arg: Any, summary: str) -> bool:
+        try:
+            await workflow.execute_activity(
+                name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=HOUSEKEEPING_RETRY, summary=summary
+            )
+        except ActivityError as err:
+            workflow.logger.warning("%s failed: %s", summary, err.cause or err)
+            return False
+        return True
 
     async def wind_down(self) -> None:
         """The Group is gone: release every live claim's machine, then end once no claim is live."""
         s = self.s
         for d in list(s.claims.values()):
             if law.is_live(d.phase) and not d.marked:
-                await self._signal(
-                    c.claim_workflow_id(s.namespace, d.name),
-                    "mark_for_deletion",
-                    c.MarkRequest(ClaimReason.NODE_DELETED),
-                )
+                s.mark(d, ClaimReason.NODE_DELETED)
+        await self.flush()
         self.details("group deleted: waiting for its claims to release their machines")
         await self.wait(
             lambda: not any(law.is_live(d.phase) for d in s.claims.values()),
@@ -265,17 +353,9 @@ class Group(Verbs):
             "claims released after the group was deleted",
         )
 
-    async def _signal(self, workflow_id: str, signal: str, *args: Any) -> None:
-        try:
-            await workflow.get_external_workflow_handle(workflow_id).signal(signal, *args)
-        except Exception as err:
-            workflow.logger.info("signal %s to %s not delivered: %s", signal, workflow_id, err)
-
     # --- signals -----------------------------------------------------------------------------------------
     def claim_changed(self, digest: c.ClaimDigest) -> None:
         self.s.remember(digest)
-        if law.is_live(digest.phase) and not digest.workflow_done:
-            self.check_one_live_claim(digest.slot, digest.name)
 
     def observe_slot(self, obs: c.SlotObservation) -> None:
         self.s.inbox.append(obs)
@@ -285,20 +365,25 @@ class Group(Verbs):
         self.s.reload_requested = True
 
     def release_finished(self, done: c.SlotReleased) -> None:
+        """A release ended; one that could not power the machine off is tried again at the next reload."""
         book = self.s.slots.get(done.slot)
         if book is not None:
             book.releasing = False
-            if not done.machine_off:
-                self.s.reload_requested = True
 
     # --- cluster-autoscaler's writes ---------------------------------------------------------------------
+    async def _loaded(self) -> None:
+        if not self.s.loaded:
+            await workflow.wait_condition(lambda: self.s.loaded)
+
     async def increase_size(self, delta: int) -> int:
-        await workflow.wait_condition(lambda: self.s.loaded)
-        self._check_increase(delta)
-        self.s.updates += 1
-        for book in choose(self.s.slots.values(), delta):
-            await self.start_claim(self.new_seed(book, ClaimCall.INCREASE_SIZE))
-        return self.s.target_size()
+        await self._loaded()
+        async with self.lock:
+            s = self.s
+            self._check_increase(delta)
+            for book in choose(s.slots.values(), delta):
+                s.book_claim(self.new_seed(book, ClaimCall.INCREASE_SIZE))
+            self._scaled(f"IncreaseSize +{delta}")
+            return s.target_size()
 
     def _validate_increase(self, delta: int) -> None:
         if delta <= 0:
@@ -310,6 +395,8 @@ class Group(Verbs):
         s = self.s
         if not s.exists:
             raise _refuse(c.ERR_NOT_FOUND, f"group {s.name} does not exist")
+        if s.problem:
+            raise _refuse(c.ERR_FAILED_PRECONDITION, f"group {s.name} cannot be used: {s.problem}")
         target = s.target_size()
         if target + delta > s.max_size:
             raise _refuse(
@@ -318,21 +405,22 @@ class Group(Verbs):
             )
         free = len(choose(s.slots.values(), delta))
         if free < delta:
-            raise _refuse(c.ERR_FAILED_PRECONDITION, f"group {s.name}: {delta} machines asked for, {free} free slots")
+            skipped = unclaimable(s.slots.values())
+            why = f"; skipped: {'; '.join(skipped)}" if skipped else ""
+            raise _refuse(
+                c.ERR_NO_CAPACITY, f"group {s.name}: {delta} machines asked for, {free} slots can take a claim{why}"
+            )
 
     async def decrease_target_size(self, delta: int) -> int:
         """Cancel pending claims only: a booting claim is committed and is reversed through DeleteNodes."""
-        await workflow.wait_condition(lambda: self.s.loaded)
-        self._check_decrease(delta)
-        self.s.updates += 1
-        for d in self.s.pending()[:-delta]:
-            self.s.remember(_marked(d))
-            await self._signal(
-                c.claim_workflow_id(self.s.namespace, d.name),
-                "mark_for_deletion",
-                c.MarkRequest(ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE),
-            )
-        return self.s.target_size()
+        await self._loaded()
+        async with self.lock:
+            s = self.s
+            self._check_decrease(delta)
+            for d in s.pending()[:-delta]:
+                s.mark(d, ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE)
+            self._scaled(f"DecreaseTargetSize {delta}")
+            return s.target_size()
 
     def _validate_decrease(self, delta: int) -> None:
         if delta >= 0:
@@ -351,24 +439,21 @@ class Group(Verbs):
 
     async def delete_nodes(self, nodes: list[str]) -> int:
         """Mark the live claims of these nodes; each is reversed (shut down, verified off) by its workflow."""
-        await workflow.wait_condition(lambda: self.s.loaded)
-        self._check_delete(nodes)
-        self.s.updates += 1
-        for node in nodes:
-            book = self.s.slot_of(node)
-            d = self.s.claims.get(book.live_claim) if book is not None and book.live_claim else None
-            if d is None and book is not None:
-                # cluster-autoscaler deleting an instance it saw fail: the failure has been heard; forget it.
-                self.s.failures = [f for f in self.s.failures if f.slot != book.name]
-            if d is None or d.marked:
-                continue
-            self.s.remember(_marked(d))
-            await self._signal(
-                c.claim_workflow_id(self.s.namespace, d.name),
-                "mark_for_deletion",
-                c.MarkRequest(ClaimReason.NODE_DELETED),
-            )
-        return self.s.target_size()
+        await self._loaded()
+        async with self.lock:
+            s = self.s
+            self._check_delete(nodes)
+            for node in nodes:
+                book = s.slot_of(node)
+                d = s.claims.get(book.live_claim) if book is not None and book.live_claim else None
+                if d is None and book is not None:
+                    # cluster-autoscaler deleting an instance it saw fail: the failure has been heard; forget it.
+                    s.failures = [f for f in s.failures if f.slot != book.name]
+                if d is None or d.marked:
+                    continue
+                s.mark(d, ClaimReason.NODE_DELETED)
+            self._scaled(f"DeleteNodes {', '.join(nodes)}")
+            return s.target_size()
 
     def _validate_delete(self, nodes: list[str]) -> None:
         if not nodes or any(not n for n in nodes):
@@ -389,6 +474,11 @@ class Group(Verbs):
                 f"group {s.name}: deleting {len(wanted)} nodes would go below minSize {s.min_size}",
             )
 
+    def _scaled(self, action: str) -> None:
+        s = self.s
+        s.updates += 1
+        s.scale = c.ScaleRecord(s.namespace, s.name, self.now(), action)
+
     # --- cluster-autoscaler's reads ----------------------------------------------------------------------
     def target_size(self) -> int:
         return self.s.target_size()
@@ -403,6 +493,7 @@ class Group(Verbs):
             "name": s.name,
             "exists": s.exists,
             "loaded": s.loaded,
+            "problem": s.problem or None,
             "minSize": s.min_size,
             "maxSize": s.max_size,
             "maxProvisionSeconds": s.max_provision_seconds,
@@ -418,6 +509,9 @@ class Group(Verbs):
                     "releasing": b.releasing,
                     "exists": b.exists,
                     "activations24h": b.activations,
+                    "claimable": b.claimability().ok,
+                    "problem": b.problem or None,
+                    "nextAttempt": b.next_attempt(),
                 }
                 for b in s.slots.values()
             },
@@ -425,8 +519,5 @@ class Group(Verbs):
                 d.name: {"slot": d.slot, "phase": d.phase, "marked": d.marked, "attempt": d.attempt}
                 for d in s.claims.values()
             },
+            "collecting": sorted(s.collect),
         }
-
-
-def _marked(d: c.ClaimDigest) -> c.ClaimDigest:
-    return replace(d, marked=True)

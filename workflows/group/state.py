@@ -1,17 +1,23 @@
-"""The group's whole state: its bounds, its slots, and the claims whose workflows still run.
+"""The group's whole state: its bounds, its slots, the claims whose workflows still run, and its outboxes.
 
 The group is the single authority on its size: target size is a count over `claims`, computed, never stored.
+Its fields are a superset of generation 2's (`workflows.legacy.v2.group_state`), so a group of that generation
+continues as new into this one with its state intact.
+
+Bookkeeping is synchronous: an Update decides and books its claims (and the signals it owes) here without
+awaiting anything; the run loop then starts the booked claims and sends the booked signals. That makes every
+size change atomic whatever the number of concurrent callers, and one workflow task can take many of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from api import contracts as c
-from api.names import ClaimPhase, provider_id
-from workflows import law
+from api.names import ClaimPhase, ClaimReason, provider_id
+from workflows import claims, law
 
 # A failed claim stays visible to cluster-autoscaler (errorInfo) for longer than one of its loops (10 s by
 # default, minutes when it backs off), so it can see the failure and stop waiting for that node.
@@ -21,17 +27,41 @@ FAILURE_MEMORY = timedelta(minutes=15)
 ERROR_CLASS_OUT_OF_RESOURCES = 1
 ERROR_CLASS_OTHER = 99
 # A slot whose machine failed its attempts in a row is capacity the group does not have right now.
-OUT_OF_RESOURCES: dict[str, str] = {"AttemptLimitExceeded": "no-capacity"}
-ERROR_CODES: dict[str, str] = {
-    "DeadlineExceeded": "boot-timeout",
-    "StartupJobFailed": "startup-job-failed",
-    "StartupJobTimeout": "startup-job-timeout",
-    "ReadinessGateTimeout": "readiness-timeout",
-    "MachineGone": "machine-gone",
-    "Superseded": "superseded",
-    "SlotDeleted": "slot-deleted",
-    "StuckTransition": "stuck-transition",
+OUT_OF_RESOURCES: dict[ClaimReason, str] = {ClaimReason.ATTEMPT_LIMIT_EXCEEDED: "no-capacity"}
+# The stable error code cluster-autoscaler sees for every other reason a claim can fail with.
+ERROR_CODES: dict[ClaimReason, str] = {
+    ClaimReason.DEADLINE_EXCEEDED: "boot-timeout",
+    ClaimReason.STARTUP_JOB_FAILED: "startup-job-failed",
+    ClaimReason.STARTUP_JOB_TIMEOUT: "startup-job-timeout",
+    ClaimReason.READINESS_GATE_TIMEOUT: "readiness-timeout",
+    ClaimReason.MACHINE_GONE: "machine-gone",
+    ClaimReason.SUPERSEDED: "superseded",
+    ClaimReason.SLOT_DELETED: "slot-deleted",
+    ClaimReason.INVALID_POD_SPEC: "invalid-pod-spec",
+    ClaimReason.JOB_REFUSED: "job-refused",
+    ClaimReason.CLAIM_REFUSED: "claim-refused",
+    ClaimReason.OPERATOR_ERROR: "operator-error",
 }
+
+
+def error_of(reason: str) -> tuple[str, int]:
+    """cluster-autoscaler's error code and class for a failed claim's reason."""
+    try:
+        known = ClaimReason(reason)
+    except ValueError:
+        return "boot-failed", ERROR_CLASS_OTHER
+    if known in OUT_OF_RESOURCES:
+        return OUT_OF_RESOURCES[known], ERROR_CLASS_OUT_OF_RESOURCES
+    return ERROR_CODES.get(known, "boot-failed"), ERROR_CLASS_OTHER
+
+
+@dataclass
+class Outgoing:
+    """A signal the group owes a workflow: booked by a handler, sent by the run loop."""
+
+    workflow_id: str
+    signal: str
+    arg: Any = None
 
 
 @dataclass
@@ -45,9 +75,13 @@ class SlotBook:
     activations: int = 0
     exists: bool = True
     live_claim: str = ""
-    draining_claim: str = ""
+    draining_claim: str = ""  # a generation-2 claim that ended with its machine on and drains it itself
     releasing: bool = False
     last_outcome: c.ClaimDigest | None = None
+    # Generation 3.
+    problem: str = ""  # the slot's spec cannot power its machine: no claim is placed on it
+    attempts_reset_at: datetime | None = None
+    release: c.ReleaseSeed | None = None  # a release booked, not yet started
 
     @property
     def ever_claimed(self) -> bool:
@@ -57,6 +91,27 @@ class SlotBook:
     def free(self) -> bool:
         """No claim, no drain, no release: the slot can take a new claim."""
         return self.exists and not (self.live_claim or self.draining_claim or self.releasing)
+
+    def claimability(self) -> claims.Claimability:
+        """Whether a claim placed here could boot (its spec is usable, its next attempt within the limit)."""
+        return claims.claimability(self.last_outcome, self.attempts_reset_at, self.problem)
+
+    def next_attempt(self) -> int:
+        return claims.seed_attempt(self.last_outcome, self.attempts_reset_at)
+
+    def record_outcome(self, digest: c.ClaimDigest) -> None:
+        """The slot's last outcome moves only forward in time: an older claim's late report never replaces it."""
+        held = self.last_outcome
+        if held is None or held.name == digest.name or _order(digest) >= _order(held):
+            self.last_outcome = digest
+
+
+EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def _order(d: c.ClaimDigest) -> tuple[datetime, str]:
+    """Newest last: by requestedAt, then name (the one-live-claim rule's order)."""
+    return (d.requested_at or EPOCH, d.name)
 
 
 @dataclass
@@ -77,6 +132,12 @@ class GroupState:
     updates: int = 0
     updates_per_run: int = 1000  # well below Temporal's 2000 Updates per run: a burst never meets the limit
     claim_counter: int = 0
+    # Generation 3.
+    problem: str = ""  # the Group's spec cannot be used: no claim is placed until it is fixed
+    to_start: list[c.ClaimSeed] = field(default_factory=list)
+    outbox: list[Outgoing] = field(default_factory=list)
+    collect: dict[str, datetime] = field(default_factory=dict)  # terminal claim -> when its resource is collected
+    scale: c.ScaleRecord | None = None  # the last size change, not yet written to Group.status
 
     # --- derived -----------------------------------------------------------------------------------------
     def target_size(self) -> int:
@@ -93,7 +154,7 @@ class GroupState:
     def pending(self) -> list[c.ClaimDigest]:
         """Cancellable claims, newest first (DecreaseTargetSize takes these)."""
         found = [d for d in self.claims.values() if d.phase == ClaimPhase.PENDING and not d.marked]
-        return sorted(found, key=lambda d: (d.requested_at or datetime.min, d.name), reverse=True)
+        return sorted(found, key=_order, reverse=True)
 
     def slot_of(self, node: str) -> SlotBook | None:
         """A slot by what cluster-autoscaler calls a node: providerID, kubelet node name or slot name."""
@@ -102,32 +163,117 @@ class GroupState:
                 return slot
         return None
 
+    def next_collection(self) -> datetime | None:
+        return min(self.collect.values(), default=None)
+
+    # --- bookkeeping -------------------------------------------------------------------------------------
+    def send(self, workflow_id: str, signal: str, arg: Any = None) -> None:
+        self.outbox.append(Outgoing(workflow_id, signal, arg))
+
+    def book_claim(self, seed: c.ClaimSeed) -> None:
+        """A claim counts from the moment it is decided: the target, the slot and the outbox all see it now."""
+        self.to_start.append(seed)
+        self.remember(
+            c.ClaimDigest(
+                name=seed.name,
+                slot=seed.slot,
+                group=seed.group,
+                phase=seed.phase,
+                attempt=seed.attempt,
+                call=seed.call,
+                reason=seed.reason,
+                marked=bool(seed.marked_reason),
+                requested_at=seed.requested_at,
+                deadline_at=seed.deadline_at,
+                generation=3,
+                ttl_seconds=seed.ttl_seconds,
+            )
+        )
+
+    def mark(self, digest: c.ClaimDigest, reason: ClaimReason) -> None:
+        """Book a scale-down of a live claim: it leaves the target now; its workflow hears it next (or starts
+        with it, when it has not started yet).
+        """
+        self.claims[digest.name] = replace(digest, marked=True)
+        for i, seed in enumerate(self.to_start):
+            if seed.name == digest.name:
+                self.to_start[i] = replace(seed, marked_reason=seed.marked_reason or reason)
+                return
+        self.send(c.claim_workflow_id(self.namespace, digest.name), "mark_for_deletion", c.MarkRequest(reason))
+
     def remember(self, digest: c.ClaimDigest) -> None:
         """Fold a claim's report into the slot books (the claim workflow is the authority on its phase)."""
         slot = self.slots.get(digest.slot)
         held = self.claims.get(digest.name)
         if held is not None and held.marked and not digest.marked:
             digest = replace(digest, marked=True)  # a mark is never undone by a report sent before it arrived
+        if held is not None and held.reason == ClaimReason.SUPERSEDED and not digest.workflow_done:
+            return  # superseded here already: a report it sent before it heard so changes nothing
         if digest.workflow_done:
             self.claims.pop(digest.name, None)
+            if digest.generation >= 3 and not digest.collected:
+                ended = digest.finished_at or digest.requested_at or EPOCH
+                self.collect[digest.name] = ended + timedelta(seconds=digest.ttl_seconds)
         else:
             self.claims[digest.name] = digest
+        if digest.phase == ClaimPhase.FAILED and all(f.name != digest.name for f in self.failures):
+            self.failures.append(digest)
         if slot is None:
             return
         if held is not None and held.phase == ClaimPhase.PENDING and digest.phase == ClaimPhase.BOOTING:
             slot.activations += 1  # counted here until the next reload reads the report's own number
         if law.is_live(digest.phase) and not digest.workflow_done:
-            slot.live_claim = digest.name
-        else:
-            if slot.live_claim == digest.name:
-                slot.live_claim = ""
-            slot.last_outcome = digest
+            if not slot.live_claim or slot.live_claim == digest.name or self._newer(digest, slot.live_claim):
+                slot.live_claim = digest.name
+            self.supersede_older(slot.name)
+            return
+        if slot.live_claim == digest.name:
+            slot.live_claim = ""
+        slot.record_outcome(digest)
+        if digest.generation < 3:  # a generation-2 claim drains its own machine, then reports done
             if not digest.machine_off and not digest.workflow_done:
                 slot.draining_claim = digest.name
             elif slot.draining_claim == digest.name:
                 slot.draining_claim = ""
-        if digest.phase == ClaimPhase.FAILED and all(f.name != digest.name for f in self.failures):
-            self.failures.append(digest)
+        elif digest.workflow_done and not digest.hand_over and (not digest.machine_off or digest.startup_job):
+            self.book_release(slot, digest)
+
+    def _newer(self, digest: c.ClaimDigest, other: str) -> bool:
+        held = self.claims.get(other)
+        return held is None or _order(digest) >= _order(held)
+
+    def supersede_older(self, slot_name: str) -> None:
+        """The newest live claim owns the slot; every older live one is superseded (it hands the machine over)."""
+        live = [d for d in self.claims.values() if d.slot == slot_name and law.is_live(d.phase) and not d.workflow_done]
+        if len(live) < 2:
+            return
+        live.sort(key=_order)
+        newest = live[-1]
+        for older in live[:-1]:
+            unstarted = [seed for seed in self.to_start if seed.name == older.name]
+            if unstarted:  # never started: it never was, as far as anything outside the group knows
+                self.to_start.remove(unstarted[0])
+                self.claims.pop(older.name, None)
+                continue
+            self.claims[older.name] = replace(older, phase=ClaimPhase.FAILED, reason=ClaimReason.SUPERSEDED)
+            self.send(c.claim_workflow_id(self.namespace, older.name), "superseded", newest.name)
+        slot = self.slots.get(slot_name)
+        if slot is not None:
+            slot.live_claim = newest.name
+
+    def book_release(self, slot: SlotBook, digest: c.ClaimDigest | None = None) -> None:
+        """Law 3: the machine of a slot with no live claim is released (a claim's startup Job waited out first)."""
+        if slot.releasing or slot.problem:
+            return
+        slot.releasing = True
+        slot.release = c.ReleaseSeed(
+            self.namespace,
+            slot.name,
+            self.name,
+            claim=digest.name if digest else "",
+            startup_job=digest.startup_job if digest else "",
+            powered=digest.powered if digest else False,
+        )
 
     def forget_failures(self, now: datetime) -> None:
         self.failures = [f for f in self.failures if f.finished_at is None or now - f.finished_at < FAILURE_MEMORY]
@@ -145,14 +291,15 @@ class GroupState:
                 out.append(c.Instance(slot.provider_id, slot.name, slot.draining_claim, "deleting"))
             elif slot.name in failed:
                 f = failed[slot.name]
+                code, error_class = error_of(f.reason)
                 out.append(
                     c.Instance(
                         slot.provider_id,
                         slot.name,
                         f.name,
                         "creating",
-                        error_code=OUT_OF_RESOURCES.get(f.reason) or ERROR_CODES.get(f.reason, "boot-failed"),
-                        error_class=ERROR_CLASS_OUT_OF_RESOURCES if f.reason in OUT_OF_RESOURCES else ERROR_CLASS_OTHER,
+                        error_code=code,
+                        error_class=error_class,
                         error_message=f"claim {f.name} failed: {f.reason}",
                     )
                 )

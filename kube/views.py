@@ -1,0 +1,116 @@
+"""Pure readers: what the operator's objects say, parsed at the boundary, with a problem instead of an exception.
+
+Everything read from Kubernetes passes through here before it reaches a workflow or a report: an object the
+contracts refuse yields a one-line problem naming the field, and the object is skipped where it is used. A
+problem never carries a value from a pod spec (env values, Secret or ConfigMap names, commands, images): only
+the path of the field that is wrong and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from api import names
+from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, parse_duration
+from kube.objects import meta, spec, status
+
+# Fields of a slot whose contents are the user's secrets or commands: a problem there says where, never what.
+POD_SPEC_FIELDS = ("startupPodSpec", "shutdownPodSpec")
+# What the API server quotes back in a refusal ("Invalid value: \"...\""), dropped before anything is logged.
+_QUOTED_VALUE = re.compile(r'(Invalid value|Unsupported value|Duplicate value): ("(?:[^"\\]|\\.)*"|\S+)')
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a Kubernetes field path: `spec.startupPodSpec.env[0].value`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def problem_of(err: ValidationError, prefix: str = "") -> str:
+    """The first error of a validation as `path: what is wrong` (never the value that was given)."""
+    first = err.errors(include_input=False, include_url=False)[0]
+    path = field_path(tuple(first["loc"]))
+    what = str(first["msg"]).removeprefix("Value error, ")
+    where = ".".join(p for p in (prefix, path) if p)
+    return f"{where}: {what}" if where else what
+
+
+def without_values(message: str) -> str:
+    """An API server refusal with the quoted values taken out (they may be a pod spec's env values)."""
+    return _QUOTED_VALUE.sub(r"\1", message)
+
+
+def time_of(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from an object (None when absent or unreadable: a view must not fail on it)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# --- groups ------------------------------------------------------------------------------------------------
+def group_spec(group: Mapping[str, Any] | None) -> GroupSpec | str:
+    """The Group's spec, or the problem that makes it unusable (its values are the operator's own: shown)."""
+    try:
+        return GroupSpec.model_validate(spec(group))
+    except ValidationError as err:
+        detail = err.errors(include_url=False)[0]
+        problem = problem_of(err, "spec")
+        if "input" in detail and not isinstance(detail["input"], dict | list):
+            problem += f" (got {detail['input']!r})"
+        return problem
+
+
+# --- slots -------------------------------------------------------------------------------------------------
+def slot_problem(slot: Mapping[str, Any] | None) -> str:
+    """Why a slot cannot power its machine ("" when it can): its spec, pod specs included, against the model."""
+    try:
+        Node.model_validate({**dict(slot or {}), "status": {}})
+    except ValidationError as err:
+        return problem_of(err)
+    return ""
+
+
+def attempts_reset_at(slot: Mapping[str, Any] | None) -> datetime | None:
+    """The slot's reset-attempts annotation: the claims before it leave the boot-attempt streak."""
+    annotations = meta(slot).get("annotations") or {}
+    return time_of(annotations.get(names.ANNOTATION_RESET_ATTEMPTS)) if isinstance(annotations, dict) else None
+
+
+# --- claims ------------------------------------------------------------------------------------------------
+def claim_problem(claim: Mapping[str, Any] | None) -> str:
+    """Why a claim resource cannot be run ("" when it can): its spec and the status its workflow wrote."""
+    try:
+        NodeClaimSpec.model_validate(spec(claim))
+    except ValidationError as err:
+        return problem_of(err, "spec")
+    try:
+        NodeClaimStatus.model_validate(status(claim))
+    except ValidationError as err:
+        return problem_of(err, "status")
+    return ""
+
+
+def claim_ttl_seconds(claim: Mapping[str, Any] | None) -> int:
+    value = spec(claim).get("ttlSecondsAfterFinished")
+    return value if isinstance(value, int) and value >= 0 else names.CLAIM_TTL_SECONDS_AFTER_FINISHED
+
+
+def claim_max_provision_seconds(claim: Mapping[str, Any] | None) -> float:
+    try:
+        return parse_duration(spec(claim).get("maxNodeProvisionTime") or 0).total_seconds()
+    except ValueError:
+        return 0.0
