@@ -43,6 +43,7 @@ import aiohttp.web
 import kmock
 from kubernetes import client as k8s_client
 
+from homelab_autoscaler.sim.emulator_errors import ApiError
 from homelab_autoscaler.sim.emulator_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from homelab_autoscaler.sim.emulator_resources import (
     CRD_GROUP,
@@ -52,6 +53,7 @@ from homelab_autoscaler.sim.emulator_resources import (
     ResourceSpec,
 )
 from homelab_autoscaler.sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
+from homelab_autoscaler.sim.emulator_strict import Admission, strict_by_default
 
 __all__ = [
     "CRD_GROUP",
@@ -64,6 +66,7 @@ __all__ = [
     "Listener",
     "RequestInfo",
     "ResourceSpec",
+    "StrictRecord",
     "WatchEvent",
     "format_time",
 ]
@@ -86,29 +89,6 @@ def format_time(moment: datetime.datetime) -> str:
 
 def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-class ApiError(Exception):
-    """An API failure rendered as a ``v1 Status`` body (``reason`` is what clients switch on)."""
-
-    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.details = dict(details or {})
-
-    def body(self) -> Obj:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "details": self.details,
-            "code": self.status,
-        }
 
 
 @dataclass(frozen=True)
@@ -162,6 +142,20 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class StrictRecord:
+    """What strict mode did to one write: refused it (``status`` 400/422) or pruned fields (``warnings``)."""
+
+    verb: str
+    resource: str
+    namespace: str | None
+    name: str
+    status: int
+    message: str
+    warnings: tuple[str, ...] = ()
+    causes: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class WatchEvent:
     """One entry of a resource's event log: the new state and, for MODIFIED, the state before."""
 
@@ -206,9 +200,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
         clock: Callable[[], datetime.datetime] = _utc_now,
         event_log_size: int = 1000,
+        strict: bool | None = None,
     ) -> None:
         super().__init__()
         self.clock = clock
+        self.strict = strict_by_default() if strict is None else strict
+        self.admission = Admission()
+        self.strict_log: list[StrictRecord] = []
+        self._warnings: list[str] = []
         self.event_log_size = event_log_size
         self.specs: dict[ResKey, ResourceSpec] = {}
         self.store: dict[ResKey, dict[ObjKey, Obj]] = {}
@@ -408,8 +407,45 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return self._remove(spec, key)
         return copy.deepcopy(new)
 
-    def _write(self, spec: ResourceSpec, key: ObjKey, old: Obj, new: Any, subresource: str | None) -> Obj:
-        """Apply the subresource rules and immutable metadata to a proposed new state, then commit."""
+    def _admit(self, spec: ResourceSpec, verb: str, new: Obj, old: Obj | None, field_validation: str | None) -> Obj:
+        """Strict mode's judgement of a write: the object to store (pruned, defaulted), or ApiError (400/422).
+
+        A no-op when not strict. Every refusal and pruning is kept in ``strict_log``; the pruning warnings of
+        a client's own write (not of a listener's reaction to it) go to its response's ``Warning`` headers.
+        """
+        if not self.strict:
+            return new
+        meta = _meta(new)
+        where = (verb, spec.plural, meta.get("namespace"), str(meta.get("name") or meta.get("generateName") or ""))
+        try:
+            admitted = self.admission.admit(spec, new, old, field_validation)
+        except ApiError as exc:
+            causes = tuple(exc.details.get("causes") or ())
+            self.strict_log.append(StrictRecord(*where, exc.status, exc.message, (), causes))
+            raise
+        if admitted.warnings:
+            self.strict_log.append(StrictRecord(*where, 200, "unknown fields pruned", admitted.warnings))
+            if not self._dispatching:
+                self._warnings.extend(admitted.warnings)
+        return admitted.obj
+
+    def _read(self, spec: ResourceSpec, obj: Obj) -> Obj:
+        """An object as a read returns it (strict: with the CRD's defaults, as decoding from etcd applies them)."""
+        return self.admission.read(spec, obj) if self.strict else obj
+
+    def _write(
+        self,
+        spec: ResourceSpec,
+        key: ObjKey,
+        old: Obj,
+        new: Any,
+        subresource: str | None,
+        *,
+        verb: str = "patch",
+        field_validation: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        """Apply the subresource rules and immutable metadata to a proposed new state, admit it, then commit."""
         if not isinstance(new, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
         new = copy.deepcopy(new)
@@ -450,11 +486,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
+        new = self._admit(spec, verb, new, old, field_validation)
+        meta = new["metadata"]
         generation = int(old_meta.get("generation", 1))
         strip = ("metadata", "status")
         if {k: v for k, v in new.items() if k not in strip} != {k: v for k, v in old.items() if k not in strip}:
             generation += 1
         meta["generation"] = generation
+        if dry_run:
+            return new
         return self._commit(spec, key, old, new)
 
     def _delete(self, spec: ResourceSpec, key: ObjKey, *, orphan: bool = False) -> Obj:
@@ -653,6 +693,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return
 
     async def _serve(self, raw_request: aiohttp.web.BaseRequest, info: RequestInfo) -> aiohttp.web.StreamResponse:
+        self._warnings = []  # from here to the response nothing awaits, so these are this request's own
         key = info.resource_key
         spec = self.specs.get(key) if key else None
         if spec is None:
@@ -693,9 +734,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     " modified; please apply your changes to the latest version and try again",
                     {"name": info.name, "group": spec.group, "kind": spec.plural},
                 )
-            if dry_run:
-                return self._respond(raw_request, spec, new)
-            return self._respond(raw_request, spec, self._write(spec, key_, old, new, info.subresource))
+            written = self._write(
+                spec,
+                key_,
+                old,
+                new,
+                info.subresource,
+                verb=info.verb,
+                field_validation=info.params.get("fieldValidation"),
+                dry_run=dry_run,
+            )
+            return self._respond(raw_request, spec, written)
         if info.verb == "delete":
             return self._respond(raw_request, spec, self._serve_delete_one(spec, key_, info, dry_run))
         if info.verb == "deletecollection":
@@ -716,9 +765,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         status: int = 200,
         table: bool = False,
     ) -> aiohttp.web.StreamResponse:
+        if self.strict and spec.custom:
+            if isinstance(payload.get("items"), list):
+                payload["items"] = [self._read(spec, item) for item in payload["items"]]
+            elif payload.get("kind") == spec.kind:
+                payload = self._read(spec, payload)
         if table and "as=Table" in raw_request.headers.get("Accept", ""):
             payload = self._as_table(payload, spec)
-        return aiohttp.web.json_response(payload, status=status)
+        response = aiohttp.web.json_response(payload, status=status)
+        for warning in self._warnings:
+            response.headers.add("Warning", "299 - " + json.dumps(warning))
+        self._warnings = []
+        return response
 
     def _as_table(self, payload: Obj, spec: ResourceSpec) -> Obj:
         """A meta.k8s.io/v1 Table for `kubectl get`: Name, then the CRD's printer columns (or Age)."""
@@ -851,6 +909,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     break
             else:
                 raise ApiError(409, "AlreadyExists", "could not generate a unique name")
+        body = self._admit(spec, "create", body, None, info.params.get("fieldValidation"))
+        meta = body["metadata"]
         key: ObjKey = (meta.get("namespace"), meta["name"])
         if key in items:
             group_plural = f"{spec.plural}.{spec.group}" if spec.group else spec.plural
@@ -921,6 +981,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         await response.prepare(raw_request)
 
         async def send(kind: str, obj: Obj) -> None:
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                obj = self._read(spec, obj)
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         try:
@@ -1065,8 +1127,10 @@ class EmulatorServer:
         clock: Callable[[], datetime.datetime] = _utc_now,
         resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
         event_log_size: int = 1000,
+        strict: bool | None = None,
     ) -> None:
         self._port = port
+        self._strict = strict
         self._host = host
         self._clock = clock
         self._resources = tuple(resources)
@@ -1109,7 +1173,9 @@ class EmulatorServer:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        emulator = KubeEmulator(resources=self._resources, clock=self._clock, event_log_size=self._event_log_size)
+        emulator = KubeEmulator(
+            resources=self._resources, clock=self._clock, event_log_size=self._event_log_size, strict=self._strict
+        )
         async with emulator, kmock.Server(emulator, host=self._host, port=self._port or None) as server:
             self._emulator = emulator
             self._url = str(server.url).rstrip("/")
@@ -1161,10 +1227,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--strict", action="store_true", help="refuse, prune and default as kube-apiserver does")
     args = parser.parse_args(argv)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with EmulatorServer(port=args.port, host=args.host) as srv:
+    with EmulatorServer(port=args.port, host=args.host, strict=args.strict or None) as srv:
         print(f"Kubernetes API emulator serving on {srv.url}", flush=True)
         print(f"  kubectl --server {srv.url} get nodeclaims -A", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
