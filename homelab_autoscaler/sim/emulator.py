@@ -8,11 +8,16 @@ and ``kmock.Server`` plumbing, but serves every resource request (``/api/v1/...`
 from its own store so those semantics are right, and so the real ``kubernetes`` client and ``kubectl``
 can talk to it over HTTP.
 
+Strict mode (``strict=True``, or ``HOMELAB_EMULATOR_STRICT=1`` for every emulator not told otherwise) judges
+every create, update and patch as kube-apiserver does — CRD schemas with pruning, defaulting and CEL rules,
+the official schemas of built-in kinds, object metadata rules — see ``emulator_strict``. Lists page with
+``limit``/``continue`` and honour ``resourceVersionMatch`` (``emulator_pages``); ``kubectl get`` gets the real
+table columns of the built-in kinds (``emulator_tables``).
+
 Not implemented (tests must not rely on these): server-side apply (``application/apply-patch+yaml``
-→ 415), OpenAPI schema validation/defaulting/pruning, admission, RBAC/authn, pagination
-(``limit``/``continue`` are ignored: everything is returned), ``resourceVersionMatch``, Foreground
-deletion (treated as Background), GC of objects whose owners never existed, namespace existence
-checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
+→ 415), admission, RBAC/authn, built-in defaulting (``SetDefaults_*``), consistent snapshots for continued
+list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
+existence checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
 watch as Table, and field selectors are accepted for any dotted path (a real server allows a per-kind
 list). Strategic merge patch is the approximation documented in ``emulator_patch``. kmock's reaction DSL
 (``emulator['patch ...'] << 500``) does not apply to resource paths, which this class serves itself: inject
@@ -43,7 +48,14 @@ import aiohttp.web
 import kmock
 from kubernetes import client as k8s_client
 
+from homelab_autoscaler.sim.emulator_core import KUBERNETES_VERSION
 from homelab_autoscaler.sim.emulator_errors import ApiError
+from homelab_autoscaler.sim.emulator_pages import (
+    decode_continue,
+    paginate,
+    too_large_rv,
+    validate_list_options,
+)
 from homelab_autoscaler.sim.emulator_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from homelab_autoscaler.sim.emulator_resources import (
     CRD_GROUP,
@@ -54,6 +66,7 @@ from homelab_autoscaler.sim.emulator_resources import (
 )
 from homelab_autoscaler.sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
 from homelab_autoscaler.sim.emulator_strict import Admission, strict_by_default
+from homelab_autoscaler.sim.emulator_tables import TABLES, crd_columns, table
 
 __all__ = [
     "CRD_GROUP",
@@ -174,14 +187,6 @@ class _Log:
 def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
-
-
-def _human_age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * 2 or (unit == "m" and seconds >= 60):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 class KubeEmulator(kmock.KubernetesEmulator):
@@ -622,8 +627,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if path == "/version":
             return {
                 "major": "1",
-                "minor": "32",
-                "gitVersion": "v1.32.0-homelab-emulator",
+                "minor": KUBERNETES_VERSION.split(".")[1],
+                "gitVersion": f"v{KUBERNETES_VERSION}.0-homelab-emulator",
                 "gitCommit": "0000000000000000000000000000000000000000",
                 "gitTreeState": "clean",
                 "buildDate": "2026-01-01T00:00:00Z",
@@ -779,51 +784,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return response
 
     def _as_table(self, payload: Obj, spec: ResourceSpec) -> Obj:
-        """A meta.k8s.io/v1 Table for `kubectl get`: Name, then the CRD's printer columns (or Age)."""
+        """A meta.k8s.io/v1 Table for `kubectl get`: the kind's columns (``emulator_tables``)."""
         items = payload.get("items", [payload])
-        columns = list(spec.printer_columns) or [
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "priority": 0}
-        ]
-        rows = []
-        for item in items:
-            meta = _meta(item)
-            cells: list[Any] = [meta.get("name")]
-            cells += [self._cell(item, col) for col in columns]
-            partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
-            rows.append({"cells": cells, "object": partial})
-        definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-        definitions += [
-            {
-                "name": col["name"],
-                "type": "string" if col.get("type") == "date" else col.get("type", "string"),
-                "format": "",
-                "description": col.get("description", col["name"]),
-                "priority": int(col.get("priority", 0)),
-            }
-            for col in columns
-        ]
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": str(self._rv)},
-            "columnDefinitions": definitions,
-            "rows": rows,
-        }
-
-    def _cell(self, obj: Mapping[str, Any], column: Mapping[str, Any]) -> Any:
-        """One printer-column cell: a simple `.a.b` JSONPath; dates shown as ages, like the API server does."""
-        value: Any = obj
-        for part in str(column.get("jsonPath", "")).strip(".").split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        if value is None:
-            return "<none>" if column.get("type") != "date" else "<unknown>"
-        if column.get("type") == "date":
-            try:
-                start = datetime.datetime.strptime(str(value)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
-            except ValueError:
-                return str(value)
-            return _human_age((self.clock() - start).total_seconds())
-        return value
+        columns = TABLES.get((spec.group, spec.kind)) if not spec.custom else None
+        return table(items, columns or crd_columns(spec.printer_columns), self.clock(), str(self._rv))
 
     def _check_rv_param(self, spec: ResourceSpec, raw: str | None, *, watch: bool) -> int | None:
         if raw in (None, "", "0"):
@@ -859,14 +823,56 @@ class KubeEmulator(kmock.KubernetesEmulator):
         }
 
     def _list(self, spec: ResourceSpec, info: RequestInfo) -> Obj:
-        self._check_rv_param(spec, info.params.get("resourceVersion"), watch=False)
+        """A list, honouring ``resourceVersionMatch`` and ``limit``/``continue`` (see ``emulator_pages``)."""
+        params = info.params
+        raw_rv, match, token = params.get("resourceVersion"), params.get("resourceVersionMatch"), params.get("continue")
+        validate_list_options(raw_rv, match, token)
+        state: Mapping[ObjKey, Obj] = self.store[spec.key]
+        list_rv = self._rv
+        if token:
+            cursor = decode_continue(token, self.compacted_below)
+            list_rv = cursor.rv
+        elif match == "Exact":
+            list_rv = int(str(raw_rv))
+            state = self._state_at(spec, list_rv)
+        elif match == "NotOlderThan":
+            if int(str(raw_rv)) > self._rv:
+                raise too_large_rv(int(str(raw_rv)), self._rv)
+        else:
+            self._check_rv_param(spec, raw_rv, watch=False)
         matches = self._matcher(info)
         items = [
             copy.deepcopy(obj)
-            for (_, _), obj in sorted(self.store[spec.key].items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+            for (_, _), obj in sorted(state.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
             if matches(obj)
         ]
-        return self._list_body(spec, items)
+        page = paginate(items, _page_key, params.get("limit"), token, list_rv, ignore_limit=raw_rv == "0")
+        body = self._list_body(spec, page.items)
+        body["metadata"]["resourceVersion"] = str(list_rv)
+        if page.next_token:
+            body["metadata"]["continue"] = page.next_token
+            body["metadata"]["remainingItemCount"] = page.remaining
+        return body
+
+    def _state_at(self, spec: ResourceSpec, rv: int) -> dict[ObjKey, Obj]:
+        """The resource's objects as they were at ``rv``, rebuilt by undoing the newer events of its log."""
+        if rv > self._rv:
+            raise too_large_rv(rv, self._rv)
+        log = self._logs[spec.key]
+        if rv < max(self.compacted_below, log.dropped_upto):
+            raise ApiError(410, "Expired", f"too old resource version: {rv} ({self._rv})")
+        state = dict(self.store[spec.key])
+        for event in reversed(log.events):
+            if event.rv <= rv:
+                break
+            key: ObjKey = (_meta(event.obj).get("namespace"), _meta(event.obj)["name"])
+            if event.type == "ADDED":
+                state.pop(key, None)
+            elif event.type == "MODIFIED" and event.old is not None:
+                state[key] = event.old
+            elif event.type == "DELETED":
+                state[key] = event.obj
+        return state
 
     def _create(self, spec: ResourceSpec, info: RequestInfo, dry_run: bool) -> Obj:
         if not isinstance(info.body, dict):
@@ -1053,6 +1059,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     await asyncio.wait_for(wakeup.wait(), wait)
         finally:
             self._wakeups.discard(wakeup)
+
+
+def _page_key(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    return f"{meta.get('namespace') or ''}/{meta.get('name')}"
 
 
 def _translate(event: WatchEvent, matches: Callable[[Mapping[str, Any]], bool]) -> str | None:

@@ -115,6 +115,7 @@ class Admission:
             body = {k: v for k, v in obj.items() if k != "metadata"}
             rest = {k: v for k, v in schema.items() if k != "properties"}
             rest["properties"] = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
+            rest["required"] = [k for k in schema.get("required", []) if k != "metadata"]
             before = MISSING if old is None else {k: v for k, v in old.items() if k != "metadata"}
             validate(rest, body, "", out, old=before if spec.custom else MISSING)
         for check in checks:
