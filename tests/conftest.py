@@ -58,6 +58,7 @@ def examples() -> dict[str, list[dict[str, Any]]]:
 
 RBAC_NOT_THE_OPERATOR = {
     "test_emulator.py": "drives the emulator with raw clients to test the emulator itself",
+    "test_emulator_strict.py": "drives the emulator with raw clients to test its strict mode",
     "test_homelab.py": "drives the simulated homelab with raw clients (kubelets, Jobs) to test the simulation",
     "test_kube_adapter.py": "unit tests of every adapter method, including ones no role of the operator calls",
 }

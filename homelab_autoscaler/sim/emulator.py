@@ -412,7 +412,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return self._remove(spec, key)
         return copy.deepcopy(new)
 
-    def _admit(self, spec: ResourceSpec, verb: str, new: Obj, old: Obj | None, field_validation: str | None) -> Obj:
+    def _admit(
+        self,
+        spec: ResourceSpec,
+        verb: str,
+        new: Obj,
+        old: Obj | None,
+        field_validation: str | None,
+        subresource: str | None = None,
+    ) -> Obj:
         """Strict mode's judgement of a write: the object to store (pruned, defaulted), or ApiError (400/422).
 
         A no-op when not strict. Every refusal and pruning is kept in ``strict_log``; the pruning warnings of
@@ -423,7 +431,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta = _meta(new)
         where = (verb, spec.plural, meta.get("namespace"), str(meta.get("name") or meta.get("generateName") or ""))
         try:
-            admitted = self.admission.admit(spec, new, old, field_validation)
+            admitted = self.admission.admit(spec, new, old, field_validation, subresource)
         except ApiError as exc:
             causes = tuple(exc.details.get("causes") or ())
             self.strict_log.append(StrictRecord(*where, exc.status, exc.message, (), causes))
@@ -450,9 +458,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         field_validation: str | None = None,
         dry_run: bool = False,
     ) -> Obj:
-        """Apply the subresource rules and immutable metadata to a proposed new state, admit it, then commit."""
+        """Apply the subresource rules and immutable metadata to a proposed new state, admit it, then commit.
+
+        Strict: the stored object is seen as a read decodes it (with its CRD defaults), as the server decodes the
+        old object from etcd, so defaulting alone never looks like a spec change (no generation bump).
+        """
         if not isinstance(new, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
+        stored, old = old, self._read(spec, old)
         new = copy.deepcopy(new)
         if subresource not in (None, "status") or (subresource == "status" and not spec.status_subresource):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({subresource})")
@@ -491,7 +504,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
-        new = self._admit(spec, verb, new, old, field_validation)
+        new = self._admit(spec, verb, new, old, field_validation, subresource)
         meta = new["metadata"]
         generation = int(old_meta.get("generation", 1))
         strip = ("metadata", "status")
@@ -500,7 +513,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta["generation"] = generation
         if dry_run:
             return new
-        return self._commit(spec, key, old, new)
+        return self._commit(spec, key, stored, new)
 
     def _delete(self, spec: ResourceSpec, key: ObjKey, *, orphan: bool = False) -> Obj:
         obj = self._require(spec, key)

@@ -12,7 +12,9 @@ Version: 1.35, the oldest Kubernetes that cluster-autoscaler 1.35 (the oldest th
 the same version ``tests/test_deploy.py`` validates the manifests against. Validating against the oldest
 supported release means a field added later is pruned here, as it would be on that cluster.
 
-The schemas hold types and ``required`` only; what kube-apiserver checks in Go (``ValidateJob``,
+The schemas are used for decoding only (types, integer ranges, times) and for pruning: their ``required``
+lists come from ``+required`` markers that Go validation does not all enforce (a Node's ``status.nodeInfo``
+fields are "required" there, yet a Node without them is accepted), so what kube-apiserver checks in Go (``ValidateJob``,
 ``validateNodeTaints``, ``ValidateEventCreate``, ``ValidateLeaseSpec``...) for the fields the operator and the
 simulated homelab write is in ``KIND_CHECKS``. Not modelled: built-in defaulting (``SetDefaults_*``), list
 uniqueness of built-in lists other than container names and taints, and update rules other than the Job's
@@ -164,17 +166,26 @@ def _containers(spec: Any, path: str) -> list[FieldError]:
         if name in volumes:
             errors.append(duplicate(here, name))
         volumes.add(name)
+    if not _items(_get(spec, "containers")):
+        errors.append(required(f"{path}.containers"))
     for list_name in ("initContainers", "containers"):
         names: set[str] = set()
         for index, container in enumerate(_items(_get(spec, list_name))):
             here = f"{path}.{list_name}[{index}]"
             name = str(_get(container, "name") or "")
-            errors += [invalid(f"{here}.name", name, msg) for msg in dns1123_label(name)] if name else []
+            errors += (
+                [invalid(f"{here}.name", name, msg) for msg in dns1123_label(name)]
+                if name
+                else [required(f"{here}.name")]
+            )
             if name and name in names:
                 errors.append(duplicate(f"{here}.name", name))
             names.add(name)
             if not _get(container, "image"):
                 errors.append(required(f"{here}.image"))
+            for env_index, env in enumerate(_items(_get(container, "env"))):
+                if not _get(env, "name"):
+                    errors.append(required(f"{here}.env[{env_index}].name"))
             for mount_index, mount in enumerate(_items(_get(container, "volumeMounts"))):
                 mount_name = str(_get(mount, "name") or "")
                 if mount_name not in volumes:

@@ -73,8 +73,19 @@ class Admission:
             return _crd_schema(spec.kind)
         return core_schema(spec.api_version, spec.kind)
 
-    def admit(self, spec: ResourceSpec, new: Obj, old: Obj | None, field_validation: str | None = None) -> Admitted:
-        """Decode, prune, default and validate ``new`` (``old``: the stored object of an update); raise ApiError."""
+    def admit(
+        self,
+        spec: ResourceSpec,
+        new: Obj,
+        old: Obj | None,
+        field_validation: str | None = None,
+        subresource: str | None = None,
+    ) -> Admitted:
+        """Decode, prune, default and validate ``new`` (``old``: the stored object of an update); raise ApiError.
+
+        A built-in kind's ``/status`` write is not judged by the kind's spec checks (``ValidateJobUpdateStatus``
+        and its kin look at metadata and status only).
+        """
         mode = field_validation or "Warn"
         if mode not in FIELD_VALIDATIONS:
             raise bad_request(f"fieldValidation: Unsupported value: {mode!r}: supported values: Ignore, Warn, Strict")
@@ -96,14 +107,16 @@ class Admission:
                 raise bad_request("strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in out.unknown))
             if spec.custom:
                 obj = apply_defaults(schema, obj)
-        errors = self._errors(spec, schema, obj, old)
+        errors = self._errors(spec, schema, obj, old, status_write=subresource == "status")
         if errors.errors:
             name = str((obj.get("metadata") or {}).get("name") or "")
             raise invalid_object(spec.kind, spec.group, name, errors.errors)
         warnings = () if mode == "Ignore" else tuple(f'unknown field "{path}"' for path in out.unknown)
         return Admitted(obj, warnings)
 
-    def _errors(self, spec: ResourceSpec, schema: Obj | None, obj: Obj, old: Obj | None) -> Outcome:
+    def _errors(
+        self, spec: ResourceSpec, schema: Obj | None, obj: Obj, old: Obj | None, *, status_write: bool
+    ) -> Outcome:
         name_rule, checks = KIND_CHECKS.get((spec.group, spec.kind), (dns1123_subdomain, ()))
         meta = obj.get("metadata")
         out = Outcome(
@@ -111,14 +124,14 @@ class Admission:
                 meta if isinstance(meta, Mapping) else {}, name_rule, namespaced=spec.namespaced
             )
         )
-        if schema is not None:
+        if schema is not None and spec.custom:
             body = {k: v for k, v in obj.items() if k != "metadata"}
             rest = {k: v for k, v in schema.items() if k != "properties"}
             rest["properties"] = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
             rest["required"] = [k for k in schema.get("required", []) if k != "metadata"]
             before = MISSING if old is None else {k: v for k, v in old.items() if k != "metadata"}
-            validate(rest, body, "", out, old=before if spec.custom else MISSING)
-        for check in checks:
+            validate(rest, body, "", out, old=before)
+        for check in () if status_write else checks:
             out.errors += check(obj, old)
         return out
 
