@@ -8,6 +8,9 @@ through the real `kubernetes` client and its HTTP wire format, never a mock.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +58,7 @@ def examples() -> dict[str, list[dict[str, Any]]]:
 
 RBAC_NOT_THE_OPERATOR = {
     "test_emulator.py": "drives the emulator with raw clients to test the emulator itself",
+    "test_emulator_strict.py": "drives the emulator with raw clients to test its strict mode",
     "test_homelab.py": "drives the simulated homelab with raw clients (kubelets, Jobs) to test the simulation",
     "test_kube_adapter.py": "unit tests of every adapter method, including ones no role of the operator calls",
 }
@@ -96,6 +100,7 @@ def _record_rbac_usage(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(EmulatorServer, "start", start)
     yield
+    _report_strict(request.node.nodeid, started)
     if request.path.name in RBAC_NOT_THE_OPERATOR:
         return
     for server in started:
@@ -104,6 +109,18 @@ def _record_rbac_usage(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
             continue
         for use in uses_of(list(emulator.requests)):
             RBAC_USAGE.setdefault(use, request.node.nodeid)
+
+
+def _report_strict(test: str, servers: list[EmulatorServer]) -> None:
+    """With HOMELAB_EMULATOR_STRICT_REPORT=<file>, append what strict mode refused or pruned (one JSON a line)."""
+    target = os.environ.get("HOMELAB_EMULATOR_STRICT_REPORT")
+    if not target:
+        return
+    with open(target, "a", encoding="utf-8") as report:
+        for server in servers:
+            emulator = server._emulator
+            for record in list(emulator.strict_log) if emulator is not None else []:
+                report.write(json.dumps({"test": test, **dataclasses.asdict(record)}, default=str) + "\n")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,11 +8,16 @@ and ``kmock.Server`` plumbing, but serves every resource request (``/api/v1/...`
 from its own store so those semantics are right, and so the real ``kubernetes`` client and ``kubectl``
 can talk to it over HTTP.
 
+Strict mode (``strict=True``, or ``HOMELAB_EMULATOR_STRICT=1`` for every emulator not told otherwise) judges
+every create, update and patch as kube-apiserver does — CRD schemas with pruning, defaulting and CEL rules,
+the official schemas of built-in kinds, object metadata rules — see ``emulator_strict``. Lists page with
+``limit``/``continue`` and honour ``resourceVersionMatch`` (``emulator_pages``); ``kubectl get`` gets the real
+table columns of the built-in kinds (``emulator_tables``).
+
 Not implemented (tests must not rely on these): server-side apply (``application/apply-patch+yaml``
-→ 415), OpenAPI schema validation/defaulting/pruning, admission, RBAC/authn, pagination
-(``limit``/``continue`` are ignored: everything is returned), ``resourceVersionMatch``, Foreground
-deletion (treated as Background), GC of objects whose owners never existed, namespace existence
-checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
+→ 415), admission, RBAC/authn, built-in defaulting (``SetDefaults_*``), consistent snapshots for continued
+list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
+existence checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
 watch as Table, and field selectors are accepted for any dotted path (a real server allows a per-kind
 list). Strategic merge patch is the approximation documented in ``emulator_patch``. kmock's reaction DSL
 (``emulator['patch ...'] << 500``) does not apply to resource paths, which this class serves itself: inject
@@ -43,6 +48,14 @@ import aiohttp.web
 import kmock
 from kubernetes import client as k8s_client
 
+from homelab_autoscaler.sim.emulator_core import KUBERNETES_VERSION
+from homelab_autoscaler.sim.emulator_errors import ApiError
+from homelab_autoscaler.sim.emulator_pages import (
+    decode_continue,
+    paginate,
+    too_large_rv,
+    validate_list_options,
+)
 from homelab_autoscaler.sim.emulator_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from homelab_autoscaler.sim.emulator_resources import (
     CRD_GROUP,
@@ -52,6 +65,8 @@ from homelab_autoscaler.sim.emulator_resources import (
     ResourceSpec,
 )
 from homelab_autoscaler.sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
+from homelab_autoscaler.sim.emulator_strict import Admission, strict_by_default
+from homelab_autoscaler.sim.emulator_tables import TABLES, crd_columns, table
 
 __all__ = [
     "CRD_GROUP",
@@ -64,6 +79,7 @@ __all__ = [
     "Listener",
     "RequestInfo",
     "ResourceSpec",
+    "StrictRecord",
     "WatchEvent",
     "format_time",
 ]
@@ -86,29 +102,6 @@ def format_time(moment: datetime.datetime) -> str:
 
 def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-class ApiError(Exception):
-    """An API failure rendered as a ``v1 Status`` body (``reason`` is what clients switch on)."""
-
-    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.details = dict(details or {})
-
-    def body(self) -> Obj:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "details": self.details,
-            "code": self.status,
-        }
 
 
 @dataclass(frozen=True)
@@ -162,6 +155,20 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class StrictRecord:
+    """What strict mode did to one write: refused it (``status`` 400/422) or pruned fields (``warnings``)."""
+
+    verb: str
+    resource: str
+    namespace: str | None
+    name: str
+    status: int
+    message: str
+    warnings: tuple[str, ...] = ()
+    causes: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class WatchEvent:
     """One entry of a resource's event log: the new state and, for MODIFIED, the state before."""
 
@@ -182,14 +189,6 @@ def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _human_age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * 2 or (unit == "m" and seconds >= 60):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with real API-server semantics for the resources it declares.
 
@@ -206,9 +205,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
         clock: Callable[[], datetime.datetime] = _utc_now,
         event_log_size: int = 1000,
+        strict: bool | None = None,
     ) -> None:
         super().__init__()
         self.clock = clock
+        self.strict = strict_by_default() if strict is None else strict
+        self.admission = Admission()
+        self.strict_log: list[StrictRecord] = []
+        self._warnings: list[str] = []
         self.event_log_size = event_log_size
         self.specs: dict[ResKey, ResourceSpec] = {}
         self.store: dict[ResKey, dict[ObjKey, Obj]] = {}
@@ -408,10 +412,60 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return self._remove(spec, key)
         return copy.deepcopy(new)
 
-    def _write(self, spec: ResourceSpec, key: ObjKey, old: Obj, new: Any, subresource: str | None) -> Obj:
-        """Apply the subresource rules and immutable metadata to a proposed new state, then commit."""
+    def _admit(
+        self,
+        spec: ResourceSpec,
+        verb: str,
+        new: Obj,
+        old: Obj | None,
+        field_validation: str | None,
+        subresource: str | None = None,
+    ) -> Obj:
+        """Strict mode's judgement of a write: the object to store (pruned, defaulted), or ApiError (400/422).
+
+        A no-op when not strict. Every refusal and pruning is kept in ``strict_log``; the pruning warnings of
+        a client's own write (not of a listener's reaction to it) go to its response's ``Warning`` headers.
+        """
+        if not self.strict:
+            return new
+        meta = _meta(new)
+        where = (verb, spec.plural, meta.get("namespace"), str(meta.get("name") or meta.get("generateName") or ""))
+        try:
+            admitted = self.admission.admit(spec, new, old, field_validation, subresource)
+        except ApiError as exc:
+            causes = tuple(exc.details.get("causes") or ())
+            self.strict_log.append(StrictRecord(*where, exc.status, exc.message, (), causes))
+            raise
+        if admitted.warnings:
+            self.strict_log.append(StrictRecord(*where, 200, "unknown fields pruned", admitted.warnings))
+            if not self._dispatching:
+                self._warnings.extend(admitted.warnings)
+        return admitted.obj
+
+    def _read(self, spec: ResourceSpec, obj: Obj) -> Obj:
+        """An object as a read returns it (strict: with the CRD's defaults, as decoding from etcd applies them)."""
+        return self.admission.read(spec, obj) if self.strict else obj
+
+    def _write(
+        self,
+        spec: ResourceSpec,
+        key: ObjKey,
+        old: Obj,
+        new: Any,
+        subresource: str | None,
+        *,
+        verb: str = "patch",
+        field_validation: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        """Apply the subresource rules and immutable metadata to a proposed new state, admit it, then commit.
+
+        Strict: the stored object is seen as a read decodes it (with its CRD defaults), as the server decodes the
+        old object from etcd, so defaulting alone never looks like a spec change (no generation bump).
+        """
         if not isinstance(new, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
+        stored, old = old, self._read(spec, old)
         new = copy.deepcopy(new)
         if subresource not in (None, "status") or (subresource == "status" and not spec.status_subresource):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({subresource})")
@@ -450,12 +504,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
+        new = self._admit(spec, verb, new, old, field_validation, subresource)
+        meta = new["metadata"]
         generation = int(old_meta.get("generation", 1))
         strip = ("metadata", "status")
         if {k: v for k, v in new.items() if k not in strip} != {k: v for k, v in old.items() if k not in strip}:
             generation += 1
         meta["generation"] = generation
-        return self._commit(spec, key, old, new)
+        if dry_run:
+            return new
+        return self._commit(spec, key, stored, new)
 
     def _delete(self, spec: ResourceSpec, key: ObjKey, *, orphan: bool = False) -> Obj:
         obj = self._require(spec, key)
@@ -582,8 +640,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if path == "/version":
             return {
                 "major": "1",
-                "minor": "32",
-                "gitVersion": "v1.32.0-homelab-emulator",
+                "minor": KUBERNETES_VERSION.split(".")[1],
+                "gitVersion": f"v{KUBERNETES_VERSION}.0-homelab-emulator",
                 "gitCommit": "0000000000000000000000000000000000000000",
                 "gitTreeState": "clean",
                 "buildDate": "2026-01-01T00:00:00Z",
@@ -653,6 +711,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return
 
     async def _serve(self, raw_request: aiohttp.web.BaseRequest, info: RequestInfo) -> aiohttp.web.StreamResponse:
+        self._warnings = []  # from here to the response nothing awaits, so these are this request's own
         key = info.resource_key
         spec = self.specs.get(key) if key else None
         if spec is None:
@@ -693,9 +752,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     " modified; please apply your changes to the latest version and try again",
                     {"name": info.name, "group": spec.group, "kind": spec.plural},
                 )
-            if dry_run:
-                return self._respond(raw_request, spec, new)
-            return self._respond(raw_request, spec, self._write(spec, key_, old, new, info.subresource))
+            written = self._write(
+                spec,
+                key_,
+                old,
+                new,
+                info.subresource,
+                verb=info.verb,
+                field_validation=info.params.get("fieldValidation"),
+                dry_run=dry_run,
+            )
+            return self._respond(raw_request, spec, written)
         if info.verb == "delete":
             return self._respond(raw_request, spec, self._serve_delete_one(spec, key_, info, dry_run))
         if info.verb == "deletecollection":
@@ -716,56 +783,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
         status: int = 200,
         table: bool = False,
     ) -> aiohttp.web.StreamResponse:
+        if self.strict and spec.custom:
+            if isinstance(payload.get("items"), list):
+                payload["items"] = [self._read(spec, item) for item in payload["items"]]
+            elif payload.get("kind") == spec.kind:
+                payload = self._read(spec, payload)
         if table and "as=Table" in raw_request.headers.get("Accept", ""):
             payload = self._as_table(payload, spec)
-        return aiohttp.web.json_response(payload, status=status)
+        response = aiohttp.web.json_response(payload, status=status)
+        for warning in self._warnings:
+            response.headers.add("Warning", "299 - " + json.dumps(warning))
+        self._warnings = []
+        return response
 
     def _as_table(self, payload: Obj, spec: ResourceSpec) -> Obj:
-        """A meta.k8s.io/v1 Table for `kubectl get`: Name, then the CRD's printer columns (or Age)."""
+        """A meta.k8s.io/v1 Table for `kubectl get`: the kind's columns (``emulator_tables``)."""
         items = payload.get("items", [payload])
-        columns = list(spec.printer_columns) or [
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "priority": 0}
-        ]
-        rows = []
-        for item in items:
-            meta = _meta(item)
-            cells: list[Any] = [meta.get("name")]
-            cells += [self._cell(item, col) for col in columns]
-            partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
-            rows.append({"cells": cells, "object": partial})
-        definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-        definitions += [
-            {
-                "name": col["name"],
-                "type": "string" if col.get("type") == "date" else col.get("type", "string"),
-                "format": "",
-                "description": col.get("description", col["name"]),
-                "priority": int(col.get("priority", 0)),
-            }
-            for col in columns
-        ]
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": str(self._rv)},
-            "columnDefinitions": definitions,
-            "rows": rows,
-        }
-
-    def _cell(self, obj: Mapping[str, Any], column: Mapping[str, Any]) -> Any:
-        """One printer-column cell: a simple `.a.b` JSONPath; dates shown as ages, like the API server does."""
-        value: Any = obj
-        for part in str(column.get("jsonPath", "")).strip(".").split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        if value is None:
-            return "<none>" if column.get("type") != "date" else "<unknown>"
-        if column.get("type") == "date":
-            try:
-                start = datetime.datetime.strptime(str(value)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
-            except ValueError:
-                return str(value)
-            return _human_age((self.clock() - start).total_seconds())
-        return value
+        columns = TABLES.get((spec.group, spec.kind)) if not spec.custom else None
+        return table(items, columns or crd_columns(spec.printer_columns), self.clock(), str(self._rv))
 
     def _check_rv_param(self, spec: ResourceSpec, raw: str | None, *, watch: bool) -> int | None:
         if raw in (None, "", "0"):
@@ -801,14 +836,56 @@ class KubeEmulator(kmock.KubernetesEmulator):
         }
 
     def _list(self, spec: ResourceSpec, info: RequestInfo) -> Obj:
-        self._check_rv_param(spec, info.params.get("resourceVersion"), watch=False)
+        """A list, honouring ``resourceVersionMatch`` and ``limit``/``continue`` (see ``emulator_pages``)."""
+        params = info.params
+        raw_rv, match, token = params.get("resourceVersion"), params.get("resourceVersionMatch"), params.get("continue")
+        validate_list_options(raw_rv, match, token)
+        state: Mapping[ObjKey, Obj] = self.store[spec.key]
+        list_rv = self._rv
+        if token:
+            cursor = decode_continue(token, self.compacted_below)
+            list_rv = cursor.rv
+        elif match == "Exact":
+            list_rv = int(str(raw_rv))
+            state = self._state_at(spec, list_rv)
+        elif match == "NotOlderThan":
+            if int(str(raw_rv)) > self._rv:
+                raise too_large_rv(int(str(raw_rv)), self._rv)
+        else:
+            self._check_rv_param(spec, raw_rv, watch=False)
         matches = self._matcher(info)
         items = [
             copy.deepcopy(obj)
-            for (_, _), obj in sorted(self.store[spec.key].items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+            for (_, _), obj in sorted(state.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
             if matches(obj)
         ]
-        return self._list_body(spec, items)
+        page = paginate(items, _page_key, params.get("limit"), token, list_rv, ignore_limit=raw_rv == "0")
+        body = self._list_body(spec, page.items)
+        body["metadata"]["resourceVersion"] = str(list_rv)
+        if page.next_token:
+            body["metadata"]["continue"] = page.next_token
+            body["metadata"]["remainingItemCount"] = page.remaining
+        return body
+
+    def _state_at(self, spec: ResourceSpec, rv: int) -> dict[ObjKey, Obj]:
+        """The resource's objects as they were at ``rv``, rebuilt by undoing the newer events of its log."""
+        if rv > self._rv:
+            raise too_large_rv(rv, self._rv)
+        log = self._logs[spec.key]
+        if rv < max(self.compacted_below, log.dropped_upto):
+            raise ApiError(410, "Expired", f"too old resource version: {rv} ({self._rv})")
+        state = dict(self.store[spec.key])
+        for event in reversed(log.events):
+            if event.rv <= rv:
+                break
+            key: ObjKey = (_meta(event.obj).get("namespace"), _meta(event.obj)["name"])
+            if event.type == "ADDED":
+                state.pop(key, None)
+            elif event.type == "MODIFIED" and event.old is not None:
+                state[key] = event.old
+            elif event.type == "DELETED":
+                state[key] = event.obj
+        return state
 
     def _create(self, spec: ResourceSpec, info: RequestInfo, dry_run: bool) -> Obj:
         if not isinstance(info.body, dict):
@@ -851,6 +928,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     break
             else:
                 raise ApiError(409, "AlreadyExists", "could not generate a unique name")
+        body = self._admit(spec, "create", body, None, info.params.get("fieldValidation"))
+        meta = body["metadata"]
         key: ObjKey = (meta.get("namespace"), meta["name"])
         if key in items:
             group_plural = f"{spec.plural}.{spec.group}" if spec.group else spec.plural
@@ -921,6 +1000,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         await response.prepare(raw_request)
 
         async def send(kind: str, obj: Obj) -> None:
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                obj = self._read(spec, obj)
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         try:
@@ -991,6 +1072,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     await asyncio.wait_for(wakeup.wait(), wait)
         finally:
             self._wakeups.discard(wakeup)
+
+
+def _page_key(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    return f"{meta.get('namespace') or ''}/{meta.get('name')}"
 
 
 def _translate(event: WatchEvent, matches: Callable[[Mapping[str, Any]], bool]) -> str | None:
@@ -1065,8 +1151,10 @@ class EmulatorServer:
         clock: Callable[[], datetime.datetime] = _utc_now,
         resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
         event_log_size: int = 1000,
+        strict: bool | None = None,
     ) -> None:
         self._port = port
+        self._strict = strict
         self._host = host
         self._clock = clock
         self._resources = tuple(resources)
@@ -1109,7 +1197,9 @@ class EmulatorServer:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        emulator = KubeEmulator(resources=self._resources, clock=self._clock, event_log_size=self._event_log_size)
+        emulator = KubeEmulator(
+            resources=self._resources, clock=self._clock, event_log_size=self._event_log_size, strict=self._strict
+        )
         async with emulator, kmock.Server(emulator, host=self._host, port=self._port or None) as server:
             self._emulator = emulator
             self._url = str(server.url).rstrip("/")
@@ -1161,10 +1251,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--strict", action="store_true", help="refuse, prune and default as kube-apiserver does")
     args = parser.parse_args(argv)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with EmulatorServer(port=args.port, host=args.host) as srv:
+    with EmulatorServer(port=args.port, host=args.host, strict=args.strict or None) as srv:
         print(f"Kubernetes API emulator serving on {srv.url}", flush=True)
         print(f"  kubectl --server {srv.url} get nodeclaims -A", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -582,9 +582,14 @@ class HomelabServer:
         time_scale: float = 1.0,
         seed: bool = True,
         clock: Callable[[], datetime.datetime] | None = None,
+        strict: bool | None = None,
     ) -> None:
         self.spec = spec
-        self.server = EmulatorServer(port, host) if clock is None else EmulatorServer(port, host, clock=clock)
+        self.server = (
+            EmulatorServer(port, host, strict=strict)
+            if clock is None
+            else EmulatorServer(port, host, clock=clock, strict=strict)
+        )
         self._time_scale = time_scale
         self._seed = seed
         self._homelab: Homelab | None = None
