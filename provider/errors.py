@@ -15,6 +15,7 @@ WORKFLOW_CODES: dict[str, grpc.StatusCode] = {
     c.ERR_INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     c.ERR_FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
     c.ERR_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    c.ERR_NO_CAPACITY: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

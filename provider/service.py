@@ -33,6 +33,7 @@ from provider.groups import GroupGateway
 from provider.metrics import CallMetrics
 from provider.settings import ProviderSettings
 from provider.template import node_bytes
+from workflows import claims
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ CA_DEFAULT_THRESHOLD = 0.5
 CA_DEFAULT_GPU_THRESHOLD = 0.5
 CA_DEFAULT_UNNEEDED = timedelta(minutes=10)
 CA_DEFAULT_UNREADY = timedelta(minutes=20)
-CA_DEFAULT_MAX_PROVISION = timedelta(minutes=15)
 
 _STATES = {
     "creating": pb.InstanceStatus.instanceCreating,
@@ -486,11 +486,9 @@ def merged_options(group: GroupInfo, defaults: pb.NodeGroupAutoscalingOptions | 
             d.scaleDownUnreadyDuration if d and d.HasField("scaleDownUnreadyDuration") else None,
             CA_DEFAULT_UNREADY,
         ),
-        MaxNodeProvisionDuration=pick_duration(
-            spec.max_node_provision_time,
-            d.MaxNodeProvisionDuration if d and d.HasField("MaxNodeProvisionDuration") else None,
-            CA_DEFAULT_MAX_PROVISION,
-        ),
+        # The number in force, not a default: a claim fails at requestedAt + max(boot budget, the group's
+        # maxNodeProvisionTime), and cluster-autoscaler must not wait for it longer or shorter than that.
+        MaxNodeProvisionDuration=_duration(claims.provision_time(spec.max_node_provision_time)),
     )
 
 

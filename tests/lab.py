@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,116 @@ async def open_lab(doc: dict[str, Any], *, kube_timeout: float = 10.0) -> AsyncI
                 kube.close()
     finally:
         await env.shutdown()
+
+
+# --- helpers shared by the workflow tests -----------------------------------------------------------------
+def slot(name: str, **faults: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": name}
+    on = faults.pop("initially_on", False)
+    if faults:
+        doc["faults"] = faults
+    if on:
+        doc["initiallyOn"] = True
+    return doc
+
+
+async def one_claim(lab: Lab) -> str:
+    await lab.start_group()
+    assert await lab.increase(1) == 1
+    names = await lab.claim_names()
+    assert len(names) == 1
+    return names[0]
+
+
+def job_creates(lab: Lab) -> list[Any]:
+    return [r for r in lab.lab.emulator.requests if r.plural == "jobs" and r.verb == "create"]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def uncordoned_before_cordoned(lab: Lab, node: str) -> bool:
+    """The node writes in order: an uncordon (unschedulable cleared) comes before any cordon."""
+    writes = [
+        (r.body or {}).get("spec", {}).get("unschedulable", "unset")
+        for r in lab.lab.emulator.requests
+        if r.plural == "nodes" and r.group in ("", None) and r.name == node and r.verb == "patch"
+    ]
+    marks = [w for w in writes if w != "unset"]
+    return bool(marks) and marks[0] is None
+
+
+def cond(status: dict[str, Any], kind: str) -> bool:
+    return any(cd["type"] == kind and cd["status"] == "True" for cd in status.get("conditions") or [])
+
+
+async def status_if(lab: Lab, name: str, pred: Any) -> dict[str, Any] | None:
+    st = await lab.status(name)
+    return st if pred(st) else None
+
+
+async def slot_free(lab: Lab, slot_name: str) -> bool:
+    snap = await lab.snapshot()
+    s = snap["slots"][slot_name]
+    return not (s["liveClaim"] or s["drainingClaim"] or s["releasing"])
+
+
+def seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> None:
+    last = {
+        "name": f"{slot_name}-old",
+        "phase": phase,
+        "attempt": attempt,
+        "group": "g",
+        "call": "IncreaseSize",
+        "requestedAt": "2026-01-01T00:00:00Z",
+    }
+    lab.lab.call(
+        lambda h: h.emulator.patch_object(
+            "infra.homecluster.dev/v2alpha1", "nodes", NS, slot_name, {"status": {"lastClaim": last}}, "status"
+        )
+    )
+
+
+def apply_claim(lab: Lab, name: str, slot_name: str, **spec: Any) -> None:
+    """A NodeClaim applied by hand (kubectl apply): no status, no deadline, a call of Manual."""
+    body = {
+        "apiVersion": "infra.homecluster.dev/v2alpha1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"node": slot_name, "group": "g", "requestedAt": "2099-01-01T00:00:00Z", "call": "Manual", **spec},
+    }
+    lab.lab.call(lambda h: h.emulator.put_object("infra.homecluster.dev/v2alpha1", "nodeclaims", body, NS))
+
+
+async def claimable(lab: Lab, slot_name: str) -> bool:
+    return bool((await lab.snapshot())["slots"][slot_name]["claimable"])
+
+
+async def no_claims(lab: Lab) -> bool:
+    return not (await lab.snapshot())["claims"]
+
+
+def history_text(history: Any) -> str:
+    """A workflow history as searchable text: its JSON with every payload's data decoded from base64."""
+    import base64
+    import contextlib
+    import json
+
+    decoded: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, str) and "metadata" in node:
+                with contextlib.suppress(ValueError):
+                    decoded.append(base64.b64decode(data).decode("utf-8", "replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    raw = history.to_json()
+    walk(json.loads(raw))
+    return raw + "\n" + "\n".join(decoded)

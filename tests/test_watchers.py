@@ -86,7 +86,10 @@ async def test_group_workflow_started_for_every_group_and_reports_written() -> N
         await wait_group_loaded(lab, w)
         assert slot_status(lab, "s1")["phase"] == "off"
         assert slot_status(lab, "s1")["powerState"] == "off"
-        assert group_status(lab) == {"slots": 2, "on": 0, "off": 2, "health": "healthy"}
+        reported = group_status(lab)
+        conditions = {cond["type"]: cond["status"] for cond in reported.pop("conditions")}
+        assert reported == {"slots": 2, "on": 0, "off": 2, "health": "healthy"}
+        assert conditions == {"Valid": "True", "Healthy": "True"}
 
 
 # --- adoption: installing the operator powers nothing off -------------------------------------------------

@@ -6,9 +6,6 @@ that a lost signal only costs latency.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
-
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
@@ -16,32 +13,26 @@ from temporalio.exceptions import ApplicationError
 from api import contracts as c
 from api.names import MAX_CONSECUTIVE_ATTEMPTS
 from homelab_autoscaler.sim.emulator import Fault
-from tests.lab import NS, Lab, homelab, open_lab
+from tests.lab import (
+    NS,
+    apply_claim,
+    claimable,
+    cond,
+    homelab,
+    job_creates,
+    no_claims,
+    now,
+    one_claim,
+    open_lab,
+    seed_last_claim,
+    slot,
+    slot_free,
+    status_if,
+    uncordoned_before_cordoned,
+)
 from workflows.group.workflow import GroupWorkflow
 
 MIN = 60.0
-
-
-def slot(name: str, **faults: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"name": name}
-    on = faults.pop("initially_on", False)
-    if faults:
-        doc["faults"] = faults
-    if on:
-        doc["initiallyOn"] = True
-    return doc
-
-
-async def one_claim(lab: Lab) -> str:
-    await lab.start_group()
-    assert await lab.increase(1) == 1
-    names = await lab.claim_names()
-    assert len(names) == 1
-    return names[0]
-
-
-def job_creates(lab: Lab) -> list[Any]:
-    return [r for r in lab.lab.emulator.requests if r.plural == "jobs" and r.verb == "create"]
 
 
 # --- boots -------------------------------------------------------------------------------------------------
@@ -105,13 +96,13 @@ async def test_readiness_gate_times_out_then_forced_shutdown_and_next_attempt() 
         name = await one_claim(lab)
         st = await lab.wait_phase(name, "failed", within=8 * MIN, step=15)
         assert st["reason"] == "ReadinessGateTimeout"
-        assert _uncordoned_before_cordoned(lab, "s1"), "uncordoned anyway, before the forced shutdown cordons it"
+        assert uncordoned_before_cordoned(lab, "s1"), "uncordoned anyway, before the forced shutdown cordons it"
         assert any(e["reason"] == "ReadinessGateTimeout" for e in lab.events("s1"))
         # The failed claim is not a want: its machine is released (law 3), shut down and verified off.
         await lab.until(lambda: lab.lab.power("s1") == "off", within=6 * MIN, what="forced shutdown")
         assert [j["metadata"]["name"] for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "shutdown"]
         # The next claim on the slot is attempt 2.
-        await lab.until(lambda: _slot_free(lab, "s1"), within=3 * MIN, what="slot free")
+        await lab.until(lambda: slot_free(lab, "s1"), within=3 * MIN, what="slot free")
         assert await lab.increase(1) == 1
         second = [n for n in await lab.claim_names() if n != name]
         assert (await lab.status(second[0]))["attempt"] == 2
@@ -152,7 +143,7 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
         await lab.start_group()
         names: list[str] = []
         for attempt in range(1, MAX_CONSECUTIVE_ATTEMPTS + 1):
-            await lab.until(lambda: _slot_free(lab, "s1"), within=5 * MIN, what="slot free")
+            await lab.until(lambda: slot_free(lab, "s1"), within=5 * MIN, what="slot free")
             await lab.increase(1)
             name = next(n for n in await lab.claim_names() if n not in names)
             names.append(name)
@@ -161,7 +152,7 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
         assert len([j for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "startup"]) == 3
         # The slot's next claim would be past the limit: slot choice skips it, and a group with no slot left
         # answers no-capacity, naming the slot and why, instead of making a claim that fails on arrival.
-        await lab.until(lambda: _slot_free(lab, "s1"), within=5 * MIN, what="slot free")
+        await lab.until(lambda: slot_free(lab, "s1"), within=5 * MIN, what="slot free")
         assert (await lab.snapshot())["slots"]["s1"]["claimable"] is False
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await lab.increase(1)
@@ -176,9 +167,9 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
 
 async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bought() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
         await lab.start_group()
-        _apply_claim(lab, "s1-by-hand", "s1")
+        apply_claim(lab, "s1-by-hand", "s1")
         await lab.group().signal(GroupWorkflow.refresh)
         st = await lab.wait_phase("s1-by-hand", "failed", within=MIN, step=5)
         assert (st["attempt"], st["reason"]) == (MAX_CONSECUTIVE_ATTEMPTS + 1, "AttemptLimitExceeded")
@@ -189,13 +180,13 @@ async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bou
 
 async def test_the_reset_attempts_annotation_restarts_the_streak() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
         await lab.start_group()
         assert (await lab.snapshot())["slots"]["s1"]["claimable"] is False
         annotation = {"metadata": {"annotations": {"infra.homecluster.dev/reset-attempts": "2099-01-01T00:00:00Z"}}}
         lab.lab.call(lambda h: h.emulator.patch_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s1", annotation))
         await lab.group().signal(GroupWorkflow.refresh)
-        await lab.until(lambda: _claimable(lab, "s1"), within=MIN, step=5, what="claimable again")
+        await lab.until(lambda: claimable(lab, "s1"), within=MIN, step=5, what="claimable again")
         assert await lab.increase(1) == 1
         (name,) = await lab.claim_names()
         st = await lab.wait_phase(name, "ready", within=3 * MIN)
@@ -258,7 +249,7 @@ async def test_scale_down_of_a_ready_claim() -> None:
         assert [i.state for i in instances] == ["deleting"]
         st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
         assert st["reason"] == "NodeDeleted" and st["shutdownAttempts"] == 1
-        assert _cond(st, "MachineObservedOff")
+        assert cond(st, "MachineObservedOff")
         node = lab.node("s1")
         assert node is not None and node["spec"].get("unschedulable") is True
         assert sorted(j["metadata"]["labels"]["type"] for j in lab.jobs("s1")) == ["shutdown", "startup"]
@@ -271,7 +262,7 @@ async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:
         await lab.wait_phase(name, "ready", within=3 * MIN)
         await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
         await lab.until(
-            lambda: _status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
+            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
             within=25 * MIN,
             step=30,
             what="three shutdown attempts",
@@ -287,10 +278,10 @@ async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:
         assert await lab.phase(name) == "ready"
         # After the 30-minute grace the streak restarts by itself.
         await lab.until(
-            lambda: _status_if(lab, name, lambda s: s["shutdownAttempts"] == 1), within=40 * MIN, step=60, what="resume"
+            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == 1), within=40 * MIN, step=60, what="resume"
         )
         await lab.until(
-            lambda: _status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
+            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
             within=25 * MIN,
             step=30,
             what="spent again",
@@ -310,11 +301,11 @@ async def test_machine_gone_short_flap_keeps_the_claim_long_outage_fails_it() ->
         await lab.wait_phase(name, "ready", within=3 * MIN)
         lab.lab.die("s1")
         await lab.until(
-            lambda: _status_if(lab, name, lambda s: _cond(s, "MachineObservedOff")), within=6 * MIN, what="seen off"
+            lambda: status_if(lab, name, lambda s: cond(s, "MachineObservedOff")), within=6 * MIN, what="seen off"
         )
         lab.lab.power_on_by_hand("s1")
         await lab.until(
-            lambda: _status_if(lab, name, lambda s: not _cond(s, "MachineObservedOff")), within=6 * MIN, what="back"
+            lambda: status_if(lab, name, lambda s: not cond(s, "MachineObservedOff")), within=6 * MIN, what="back"
         )
         assert await lab.phase(name) == "ready"
         lab.lab.die("s1")
@@ -364,7 +355,7 @@ async def test_law_3_release_of_a_machine_on_with_no_claim() -> None:
         await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
         await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
         lab.lab.power_on_by_hand("s1")
-        observation = c.Observation(power="on", usable=False, exists=True, gate_open=True, observed_at=_now())
+        observation = c.Observation(power="on", usable=False, exists=True, gate_open=True, observed_at=now())
         await lab.group().signal(GroupWorkflow.observe_slot, c.SlotObservation("s1", observation))
         lab.extra_history_ids = (c.release_workflow_id(NS, "s1"),)
         await lab.until(lambda: lab.lab.power("s1") == "off", within=5 * MIN, what="released")
@@ -401,40 +392,12 @@ async def test_a_lost_signal_only_delays_the_claim() -> None:
 async def test_a_signal_moves_the_claim_before_its_poll() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
         name = await one_claim(lab)
-        await lab.until(lambda: _status_if(lab, name, lambda s: s["phase"] == "booting"), within=10, step=1)
+        await lab.until(lambda: status_if(lab, name, lambda s: s["phase"] == "booting"), within=10, step=1)
         await lab.claim(name).signal("job_finished", c.JobFinished(f"{name}-startup", True))
         await lab.wait_phase(name, "ready", within=20, step=1)
 
 
 # --- helpers -----------------------------------------------------------------------------------------------
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _uncordoned_before_cordoned(lab: Lab, node: str) -> bool:
-    """The node writes in order: an uncordon (unschedulable cleared) comes before any cordon."""
-    writes = [
-        (r.body or {}).get("spec", {}).get("unschedulable", "unset")
-        for r in lab.lab.emulator.requests
-        if r.plural == "nodes" and r.group in ("", None) and r.name == node and r.verb == "patch"
-    ]
-    marks = [w for w in writes if w != "unset"]
-    return bool(marks) and marks[0] is None
-
-
-def _cond(status: dict[str, Any], kind: str) -> bool:
-    return any(cd["type"] == kind and cd["status"] == "True" for cd in status.get("conditions") or [])
-
-
-async def _status_if(lab: Lab, name: str, pred: Any) -> dict[str, Any] | None:
-    st = await lab.status(name)
-    return st if pred(st) else None
-
-
-async def _slot_free(lab: Lab, slot_name: str) -> bool:
-    snap = await lab.snapshot()
-    s = snap["slots"][slot_name]
-    return not (s["liveClaim"] or s["drainingClaim"] or s["releasing"])
 
 
 # --- long lives: continue-as-new, collection, restarts -------------------------------------------------------
@@ -497,14 +460,14 @@ async def test_ttl_collects_a_finished_claim_and_ends_its_workflow() -> None:
         await lab.until(lambda: lab.claim_resource(name) is None, within=15 * MIN, step=60, what="collected")
         digest = await lab.client.get_workflow_handle(c.claim_workflow_id(NS, name), result_type=c.ClaimDigest).result()
         assert digest.workflow_done and digest.phase == "completed"
-        await lab.until(lambda: _no_claims(lab), within=MIN, step=5, what="the group forgot the claim")
+        await lab.until(lambda: no_claims(lab), within=MIN, step=5, what="the group forgot the claim")
         lab.extra_history_ids = (c.claim_workflow_id(NS, name),)
         await lab.record("ttl_collection")
 
 
 async def test_a_machine_on_in_a_used_slot_is_released_not_adopted() -> None:
     async with open_lab(homelab([slot("s1", initially_on=True)])) as lab:
-        _seed_last_claim(lab, "s1", phase="completed", attempt=1)
+        seed_last_claim(lab, "s1", phase="completed", attempt=1)
         await lab.start_group()
         lab.extra_history_ids = (c.release_workflow_id(NS, "s1"),)
         await lab.until(lambda: lab.lab.power("s1") == "off", within=5 * MIN, what="released")
@@ -514,42 +477,7 @@ async def test_a_machine_on_in_a_used_slot_is_released_not_adopted() -> None:
 
 async def test_attempts_are_seeded_from_the_slot_after_a_restart() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        _seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS - 1)
+        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS - 1)
         name = await one_claim(lab)
         st = await lab.wait_phase(name, "ready", within=3 * MIN)
         assert st["attempt"] == MAX_CONSECUTIVE_ATTEMPTS
-
-
-def _seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> None:
-    last = {
-        "name": f"{slot_name}-old",
-        "phase": phase,
-        "attempt": attempt,
-        "group": "g",
-        "call": "IncreaseSize",
-        "requestedAt": "2026-01-01T00:00:00Z",
-    }
-    lab.lab.call(
-        lambda h: h.emulator.patch_object(
-            "infra.homecluster.dev/v2alpha1", "nodes", NS, slot_name, {"status": {"lastClaim": last}}, "status"
-        )
-    )
-
-
-def _apply_claim(lab: Lab, name: str, slot_name: str, **spec: Any) -> None:
-    """A NodeClaim applied by hand (kubectl apply): no status, no deadline, a call of Manual."""
-    body = {
-        "apiVersion": "infra.homecluster.dev/v2alpha1",
-        "kind": "NodeClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"node": slot_name, "group": "g", "requestedAt": "2099-01-01T00:00:00Z", "call": "Manual", **spec},
-    }
-    lab.lab.call(lambda h: h.emulator.put_object("infra.homecluster.dev/v2alpha1", "nodeclaims", body, NS))
-
-
-async def _claimable(lab: Lab, slot_name: str) -> bool:
-    return bool((await lab.snapshot())["slots"][slot_name]["claimable"])
-
-
-async def _no_claims(lab: Lab) -> bool:
-    return not (await lab.snapshot())["claims"]

@@ -24,7 +24,8 @@ from typing import Any
 
 from activities.kube_activities import job_status, observe, readiness_taints
 from api import contracts as c
-from api.names import LABEL_NODE, LABEL_NODECLAIM, ClaimReason
+from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, LABEL_NODE, LABEL_NODECLAIM, ClaimReason
+from kube import views
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Resource
 from kube.watch import DELETED, SYNCED, WatchEvent
 from watchers.cluster import JSON, Cluster, Key, key_of, meta, newer_or_same, spec
@@ -234,6 +235,8 @@ class Dispatcher:
         slot_key = (ns, str(spec(obj).get("node") or ""))
         if not self.acting:
             return
+        if event.type != DELETED:
+            await self.writer.warn_invalid(KIND_NODECLAIM, obj, views.claim_problem(obj), self.clock())
         if event.type == DELETED:
             await self._hand_deleted(obj)
             self.hand_deleted.discard((ns, name, str(meta(obj).get("uid") or "")))  # gone: its uid never returns
@@ -259,6 +262,8 @@ class Dispatcher:
         if not taken:
             return
         ns = key[0]
+        if event.type != DELETED and self.acting:
+            await self.writer.warn_invalid(KIND_NODE, obj, views.slot_problem(obj), self.clock())
         if event.type == DELETED:
             self.sent.pop(key, None)
             group = str(spec(old).get("group") or "")
@@ -294,6 +299,9 @@ class Dispatcher:
             if self.acting:
                 await self.signals.group(ns, name, "refresh", start=False)  # it winds down; nothing to start
             return
+        if self.acting:
+            found = views.group_spec(obj)
+            await self.writer.warn_invalid(KIND_GROUP, obj, found if isinstance(found, str) else "", self.clock())
         if old is not None and all(
             meta(old).get(f) == meta(obj).get(f) for f in ("generation", "deletionTimestamp", "uid")
         ):

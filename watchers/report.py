@@ -44,6 +44,7 @@ from api.names import (
     LABEL_NODE,
     ClaimPhase,
     ConditionType,
+    EventReason,
     GroupHealth,
     PowerOffNodePolicy,
     PowerState,
@@ -51,8 +52,9 @@ from api.names import (
     provider_id,
 )
 from api.v2alpha1 import ClaimDigest, Condition, NodeStatus, NodeTemplate
-from kube.adapter import GROUPS, SLOTS, Kube
-from kube.errors import Conflict, NotFound
+from kube import views
+from kube.adapter import GROUPS, SLOTS, Kube, ObjectRef
+from kube.errors import Conflict, KubeError, NotFound
 from watchers.cluster import (
     Cluster,
     Key,
@@ -63,7 +65,7 @@ from watchers.cluster import (
     spec,
     status,
 )
-from workflows import history, law
+from workflows import claims, history, law
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class SlotFacts:
     usable: bool
     last_claim: ClaimDigest | None = None
     template: NodeTemplate | None = None
+    problem: str = ""  # why the slot's spec cannot power its machine (a field path, never a value)
+    attempts_reset_at: datetime | None = None
 
 
 # --- pure: facts to report --------------------------------------------------------------------------------
@@ -121,6 +125,24 @@ def markers(facts: SlotFacts, report: Report, held: list[Condition], now: dateti
     return [cond for cond in held if cond.type not in ours] + [up, down]
 
 
+def slot_conditions(
+    facts: SlotFacts, report: Report, held: list[Condition], last_claim: ClaimDigest | None, now: datetime
+) -> list[Condition]:
+    """The marker conditions, plus whether the slot's spec is usable (Valid) and whether it can take a new claim
+    (Claimable: the same rule slot choice applies), sorted by when each last changed.
+    """
+    conditions = markers(facts, report, held, now)
+    by_type = {cond.type: cond for cond in conditions}
+    valid = _condition(
+        by_type, ConditionType.VALID, not facts.problem, "InvalidSpec" if facts.problem else "Valid", facts.problem, now
+    )
+    why = claims.claimability(last_claim, facts.attempts_reset_at, facts.problem)
+    claimable = _condition(by_type, ConditionType.CLAIMABLE, why.ok, why.reason, why.message, now)
+    ours = {ConditionType.VALID.value, ConditionType.CLAIMABLE.value}
+    merged = [cond for cond in conditions if cond.type not in ours] + [valid, claimable]
+    return sorted(merged, key=lambda cond: (cond.last_transition_time, cond.type))
+
+
 def report_of(facts: SlotFacts) -> Report:
     return law.derive(law.Input(facts.live_phase, facts.marked, facts.power, facts.usable))
 
@@ -129,9 +151,10 @@ def slot_status(current: NodeStatus, facts: SlotFacts, now: datetime) -> NodeSta
     """The slot's report for these facts at `now`: the phase and its history through `history.record`."""
     report = report_of(facts)
     recorded = history.record(current, report, now)
+    last_claim = facts.last_claim if facts.last_claim is not None else current.last_claim
     update: dict[str, Any] = {
         "power_state": facts.power,
-        "conditions": markers(facts, report, list(current.conditions), now),
+        "conditions": slot_conditions(facts, report, list(current.conditions), last_claim, now),
     }
     if facts.last_claim is not None:
         update["last_claim"] = facts.last_claim
@@ -216,6 +239,29 @@ def node_template(node: Mapping[str, Any], taints: list[JSON], now: datetime) ->
         return None
 
 
+def group_conditions(group: Mapping[str, Any] | None, health: GroupHealth, why: list[str], now: datetime) -> list[JSON]:
+    """Valid (the spec can be used, else the field and value that cannot) and Healthy (else which slots, why)."""
+    try:
+        held = {
+            cond.type: cond for cond in (Condition.model_validate(x) for x in status(group).get("conditions") or [])
+        }
+    except ValidationError:
+        held = {}
+    found = views.group_spec(group)
+    problem = found if isinstance(found, str) else ""
+    valid = _condition(held, ConditionType.VALID, not problem, "InvalidSpec" if problem else "Valid", problem, now)
+    healthy = _condition(
+        held,
+        ConditionType.GROUP_HEALTHY,
+        health in (GroupHealth.HEALTHY, GroupHealth.UNKNOWN),
+        str(health).capitalize(),
+        "; ".join(why),
+        now,
+    )
+    ordered = sorted([valid, healthy], key=lambda cond: (cond.last_transition_time, cond.type))
+    return [_dump(cond) for cond in ordered]
+
+
 def group_health(troubled: list[bool]) -> GroupHealth:
     if not troubled:
         return GroupHealth.UNKNOWN
@@ -239,6 +285,7 @@ class ReportWriter:
         self.slot_writes = 0
         self.group_writes = 0
         self.deleted_nodes: list[str] = []
+        self.warned: set[tuple[str, str, str, str]] = set()  # (kind, namespace, uid, generation) already warned
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The adapter is synchronous: run it off the event loop, so signals and workflows keep moving."""
@@ -279,6 +326,8 @@ class ReportWriter:
             usable=seen.usable,
             last_claim=None if newest is None else digest_of(newest),
             template=node_template(node, taints, now) if delete_node and node is not None else None,
+            problem=views.slot_problem(slot),
+            attempts_reset_at=views.attempts_reset_at(slot),
         )
         return facts, node, delete_node
 
@@ -348,6 +397,25 @@ class ReportWriter:
         if newer_or_same(stamped, self.cluster.nodes.get(name)):
             self.cluster.nodes[name] = stamped
 
+    async def warn_invalid(self, kind: str, obj: Mapping[str, Any], problem: str, now: datetime) -> bool:
+        """One Warning Event per version of an object the operator cannot use, naming the field (never a pod
+        spec's value): the object is skipped everywhere, and this is how its owner hears why. True when sent.
+        """
+        m = meta(obj)
+        ident = (kind, str(m.get("namespace") or ""), str(m.get("uid") or ""), str(m.get("generation") or ""))
+        if not problem or ident in self.warned:
+            return False
+        self.warned.add(ident)
+        ref = ObjectRef(kind, ident[1], str(m.get("name") or ""), ident[2])
+        try:
+            await self._io(self.kube.create_event, ref, EventReason.INVALID_SPEC, problem, warning=True, now=now)
+        except KubeError as err:
+            self.warned.discard(ident)
+            log.warning("%s %s/%s: Warning Event not written: %s", kind, ident[1], ref.name, err)
+            return False
+        log.warning("%s %s/%s cannot be used: %s", kind, ident[1], ref.name, problem)
+        return True
+
     async def _delete_node(self, name: str) -> None:
         """powerOffNodePolicy Delete: the machine is verified off and its template is kept; the Node goes."""
         await self._io(self.kube.delete_node, name)
@@ -399,6 +467,7 @@ class ReportWriter:
         ]
         on = 0
         troubled: list[bool] = []
+        why: list[str] = []
         for key in keys:
             facts, _, _ = await self.facts(key, now)
             on += facts.power == PowerState.ON
@@ -406,7 +475,19 @@ class ReportWriter:
             failed = newest is not None and claim_phase(newest) == ClaimPhase.FAILED
             stuck = facts.live_phase == ClaimPhase.READY and report_of(facts) is not Report.READY and not facts.marked
             troubled.append(failed or stuck)
-        return {"slots": len(keys), "on": on, "off": len(keys) - on, "health": str(group_health(troubled))}
+            if failed and newest is not None:
+                why.append(f"{key[1]}: claim {meta(newest).get('name')} failed ({status(newest).get('reason')})")
+            elif stuck:
+                why.append(f"{key[1]}: ready claim, but the node is not usable")
+        raw = self.cluster.groups.get((namespace, name))
+        health = group_health(troubled)
+        return {
+            "slots": len(keys),
+            "on": on,
+            "off": len(keys) - on,
+            "health": str(health),
+            "conditions": group_conditions(raw, health, why, now),
+        }
 
     # --- every report ------------------------------------------------------------------------------------
     async def everything(self, now: datetime) -> int:

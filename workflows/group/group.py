@@ -65,6 +65,7 @@ class Group(Verbs):
         self.lock = asyncio.Lock()  # size changes are decided one at a time (their bodies never await inside)
         self.last_reload: datetime | None = None
         self.housekeeping_at: datetime | None = None
+        self.waking_at = workflow.now()  # when the loop's current wait times out
 
     async def run(self, ref: c.GroupRef, carried: GroupState | None = None) -> None:
         s = self.s
@@ -75,7 +76,9 @@ class Group(Verbs):
             await self.reload()
         while True:
             self.details(self.summary())
-            woke = await self.wait(self.has_work, self.next_wake(), "periodic reload of the group")
+            wake = self.next_wake()
+            self.waking_at = self.now() + wake
+            woke = await self.wait(self.has_work, wake, "periodic reload of the group")
             if s.reload_requested or (not woke and self.now() - (self.last_reload or self.now()) >= RELOAD_INTERVAL):
                 s.reload_requested = False
                 await self.reload()
@@ -106,6 +109,7 @@ class Group(Verbs):
             or any(b.release is not None for b in s.slots.values())
             or self.housekeeping_due()
             or self.should_continue()
+            or self.now() + self.next_wake() < self.waking_at  # something is due before the timer set
         )
 
     def next_wake(self) -> timedelta:

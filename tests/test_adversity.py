@@ -1,0 +1,294 @@
+"""One named regression test per break an outside tester found (issue "The claim law holds under adversity").
+
+Each was reproduced on the code before the fix; each is an instance of a class that `tests/test_model.py`
+searches for at random. Time-skipping Temporal, the real worker and activities, the simulated homelab.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
+from temporalio.exceptions import ApplicationError
+
+from api import contracts as c
+from api.names import MAX_CONSECUTIVE_ATTEMPTS
+from homelab_autoscaler.sim.emulator import Fault
+from tests.lab import (
+    NS,
+    Lab,
+    apply_claim,
+    history_text,
+    homelab,
+    one_claim,
+    open_lab,
+    seed_last_claim,
+    slot,
+    slot_free,
+)
+from workflows.group.workflow import GroupWorkflow
+
+MIN = 60.0
+CRD = "infra.homecluster.dev/v2alpha1"
+
+
+def jobs_refused(status: int = 503, reason: str = "ServiceUnavailable", times: int | None = None) -> Fault:
+    return Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=status, reason=reason, times=times)
+
+
+async def refusal(call: Any) -> ApplicationError:
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await call
+    cause = refused.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause
+
+
+async def ended_for_good(lab: Lab, name: str, phase: str, reason: str) -> dict[str, Any]:
+    """The claim ended in `phase` for `reason`, and everything around it followed: no finalizer left on its
+    resource, the group no longer counts it, its slot is free again.
+    """
+    st = await lab.wait_phase(name, phase, within=3 * MIN)
+    assert st["reason"] == reason, st
+    resource = lab.claim_resource(name)
+    assert resource is None or not resource["metadata"].get("finalizers"), resource
+    snap = await lab.snapshot()
+    assert name not in snap["claims"] and snap["targetSize"] == 0
+    await lab.until(lambda: slot_free(lab, st["slot"]), within=2 * MIN, what="slot free")
+    return st
+
+
+# --- 1. a claim whose activity fails non-retryably ends failed, with a reason naming the cause -----------------
+async def test_a_refused_startup_job_fails_the_claim_and_frees_everything() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(jobs_refused(422, "Invalid"))
+        name = await one_claim(lab)
+        st = await ended_for_good(lab, name, "failed", "JobRefused")
+        assert "refused" in st["message"]
+        resource = lab.claim_resource(name)
+        assert resource is not None and resource["status"]["phase"] == "failed"
+        (instance,) = await lab.group().query(GroupWorkflow.instances)
+        assert (instance.state, instance.error_code, instance.error_class) == ("creating", "job-refused", 99)
+
+
+async def test_a_slot_deleted_while_its_claim_is_pending_fails_the_claim() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(jobs_refused())  # the claim stays pending
+        name = await one_claim(lab)
+        await lab.advance(20)  # committing: the finalizer is on, the startup Job is being retried
+        assert await lab.phase(name) == "pending"
+        lab.lab.call(lambda h: h.emulator.delete_object(CRD, "nodes", NS, "s1"))  # takes its claims with it
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase(name, "failed", within=3 * MIN)
+        assert st["reason"] == "SlotDeleted"
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 0 and name not in snap["claims"]
+        assert lab.jobs("s1") == []
+
+
+async def test_a_slot_with_a_bad_pod_spec_fails_its_claim_without_a_job_and_names_the_field() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        secret = "hunter2-do-not-log"
+        bad = {"name": "PASS", "value": secret, "valueFrom": {"secretKeyRef": {"name": "bmc", "key": "pass"}}}
+        patch = {"spec": {"shutdownPodSpec": {"image": "x", "env": [bad]}}}
+        lab.lab.call(lambda h: h.emulator.patch_object(CRD, "nodes", NS, "s1", patch))
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        st = await lab.wait_phase(name, "failed", within=3 * MIN)
+        assert st["reason"] == "InvalidPodSpec"
+        assert "shutdownPodSpec.env[0]" in st["message"] and secret not in st["message"]
+        history = history_text(await lab.claim(name).fetch_history())
+        assert '"slot":"s1"' in history, "the payloads are decoded (so the next check could fail)"
+        assert secret not in history and '"bmc"' not in history, "no pod-spec value, no Secret name"
+        assert [j for j in lab.jobs("s1") if j["metadata"]["labels"]["type"] == "shutdown"] == []
+
+
+# --- 2. concurrent size changes are atomic ----------------------------------------------------------------------
+async def test_concurrent_increases_never_exceed_the_free_slots_or_supersede() -> None:
+    async with open_lab(homelab([slot(f"s{i}") for i in range(1, 6)])) as lab:
+        await lab.start_group()
+        handles = [
+            await lab.group().start_update(GroupWorkflow.increase_size, d, wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+            for d in (2, 2, 1)
+        ]
+        results = await asyncio.gather(*(h.result() for h in handles), return_exceptions=True)
+        assert sorted(r for r in results if isinstance(r, int)) == [2, 4, 5]
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 5
+        assert sorted(d["slot"] for d in snap["claims"].values()) == ["s1", "s2", "s3", "s4", "s5"]
+        for name in list(snap["claims"]):
+            st = await lab.wait_phase(name, "ready", within=3 * MIN)
+            assert st["reason"] is None
+
+
+async def test_concurrent_increases_respect_max_size_whatever_their_order() -> None:
+    async with open_lab(homelab([slot(f"s{i}") for i in range(1, 7)], maxSize=4)) as lab:
+        await lab.start_group()
+        calls = [lab.group().execute_update(GroupWorkflow.increase_size, d) for d in (2, 2, 1, 1)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        accepted = [r for r in results if isinstance(r, int)]
+        refused = [r for r in results if isinstance(r, WorkflowUpdateFailedError)]
+        assert max(accepted) == 4 and len(accepted) + len(refused) == 4
+        assert all(isinstance(r.cause, ApplicationError) and "maxSize 4" in r.cause.message for r in refused)
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 4 and len({d["slot"] for d in snap["claims"].values()}) == 4
+
+
+async def test_an_update_whose_caller_gave_up_is_applied_whole_or_not_at_all() -> None:
+    async with open_lab(homelab([slot(f"s{i}") for i in range(1, 4)])) as lab:
+        await lab.start_group()
+        handle = await lab.group().start_update(
+            GroupWorkflow.increase_size, 3, wait_for_stage=WorkflowUpdateStage.ACCEPTED
+        )
+        del handle  # the caller is gone; what it asked for is either all there or not at all
+        target = await lab.group().query(GroupWorkflow.target_size)
+        assert target in (0, 3)
+        await lab.until(lambda: _target_is(lab, 3), within=MIN, step=5, what="the whole update")
+
+
+# --- 3. a cancel wins before a machine is bought, even while the write is retried ---------------------------------
+async def test_a_cancel_during_job_creation_retries_wins() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        fault = jobs_refused()
+        lab.lab.emulator.faults.append(fault)
+        name = await one_claim(lab)
+        await lab.advance(20)  # a few attempts in
+        assert await lab.group().execute_update(GroupWorkflow.decrease_target_size, -1) == 0
+        st = await lab.wait_phase(name, "completed", within=2 * MIN)
+        assert st["reason"] == "CancelledByDecreaseTargetSize"
+        lab.lab.emulator.faults.remove(fault)  # the API server recovers: nothing may be bought now
+        await lab.advance(10 * MIN)
+        assert lab.jobs("s1") == [] and lab.lab.power("s1") == "off"
+        assert lab.claim_resource(name) is None
+
+
+# --- 4. one dead machine never stalls a group ---------------------------------------------------------------
+async def test_slot_choice_skips_a_slot_past_its_attempt_limit() -> None:
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        await lab.start_group()
+        assert await lab.increase(1) == 1
+        (name,) = await lab.claim_names()
+        st = await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert st["slot"] == "s2", "the healthy slot, though s1 sorts first"
+        cause = await refusal(lab.increase(1))
+        assert cause.type == c.ERR_NO_CAPACITY and "s1: AttemptLimitReached" in cause.message
+
+
+async def test_slot_choice_skips_a_slot_whose_spec_cannot_power_it() -> None:
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        patch = {"spec": {"startupPodSpec": {"image": "x", "comand": ["typo"]}}}
+        lab.lab.call(lambda h: h.emulator.patch_object(CRD, "nodes", NS, "s1", patch))
+        await lab.start_group()
+        assert await lab.increase(1) == 1
+        (name,) = await lab.claim_names()
+        assert (await lab.status(name))["slot"] == "s2"
+        cause = await refusal(lab.increase(1))
+        assert "s1: InvalidSpec (spec.startupPodSpec.comand" in cause.message
+
+
+# --- 5. a slot's last outcome only moves forward in time ----------------------------------------------------
+async def test_collecting_an_older_claim_does_not_reset_the_attempt_streak() -> None:
+    async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
+        await lab.start_group()
+        names: list[str] = []
+        for attempt in (1, 2):
+            await lab.until(lambda: slot_free(lab, "s1"), within=5 * MIN, what="slot free")
+            await lab.increase(1)
+            names.append(next(n for n in await lab.claim_names() if n not in names))
+            st = await lab.wait_phase(names[-1], "failed", within=3 * MIN)
+            assert st["attempt"] == attempt
+        await lab.until(lambda: lab.claim_resource(names[0]) is None, within=90 * MIN, step=5 * MIN, what="collected")
+        await lab.until(lambda: slot_free(lab, "s1"), within=5 * MIN, what="slot free")
+        await lab.increase(1)
+        third = next(n for n in await lab.claim_names() if n not in names)
+        assert (await lab.status(third))["attempt"] == 3
+
+
+# --- 6. hand-applied claims obey the same rules -----------------------------------------------------------------
+async def test_a_hand_applied_claim_without_a_deadline_gets_the_budget_in_force() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(jobs_refused())
+        await lab.start_group()
+        apply_claim(lab, "s1-by-hand", "s1", requestedAt="2026-01-01T00:00:00Z")
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase("s1-by-hand", "failed", within=MIN, step=5)
+        # requested long ago: its deadline (requestedAt + 12m10s) has passed, so it never buys a machine
+        assert st["reason"] == "DeadlineExceeded" and st["deadlineAt"].startswith("2026-01-01T00:12:10")
+
+
+async def test_a_hand_applied_claim_seeds_its_attempt_and_keeps_its_ttl() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        seed_last_claim(lab, "s1", phase="failed", attempt=1)
+        await lab.start_group()
+        apply_claim(lab, "s1-by-hand", "s1", ttlSecondsAfterFinished=60)
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase("s1-by-hand", "ready", within=3 * MIN)
+        assert st["attempt"] == 2
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        await lab.wait_phase("s1-by-hand", "completed", within=5 * MIN, step=10)
+        await lab.until(lambda: lab.claim_resource("s1-by-hand") is None, within=3 * MIN, what="collected after 60s")
+
+
+# --- 7. the smaller deviations --------------------------------------------------------------------------------
+async def test_a_startup_job_ended_by_its_own_deadline_is_a_timeout() -> None:
+    async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        failed = {
+            "status": {
+                "active": None,
+                "failed": 1,
+                "conditions": [
+                    {"type": t, "status": "True", "reason": "DeadlineExceeded", "message": "deadline"}
+                    for t in ("FailureTarget", "Failed")
+                ],
+            }
+        }
+        job = f"{name}-startup"
+        lab.lab.call(lambda h: h.emulator.patch_object("batch/v1", "jobs", NS, job, failed, "status"))
+        st = await lab.wait_phase(name, "failed", within=2 * MIN)
+        assert st["reason"] == "StartupJobTimeout"
+
+
+async def test_a_hanging_shutdown_job_is_a_shutdown_job_timeout_event() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        lab.lab.set_fault("s1", "jobHangs")
+        await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+        await lab.until(
+            lambda: any(e["reason"] == "ShutdownJobTimeout" for e in lab.events(name)), within=8 * MIN, step=30
+        )
+        assert any(e["reason"] == "ScaleDownStarted" for e in lab.events(name))
+        assert await lab.phase(name) == "ready", "the claim stays while its shutdown is retried"
+
+
+async def test_the_last_scale_is_recorded_on_the_group() -> None:
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        await lab.start_group()
+        await lab.increase(2)
+        await lab.until(lambda: _last_scale(lab) == "IncreaseSize +2", within=MIN, step=5, what="lastScaleAction")
+        group = lab.lab.call(lambda h: h.emulator.get_object(CRD, "groups", NS, "g"))
+        assert group is not None and group["status"]["lastScaleAt"]
+
+
+async def test_move_events_carry_attempt_job_deadline_and_duration() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        booting = next(e for e in lab.events(name) if e["reason"] == "ClaimBooting")
+        assert "attempt 1" in booting["message"] and f"Job {name}-startup" in booting["message"]
+        assert "deadline" in booting["message"] and "since the request" in booting["message"]
+
+
+async def _target_is(lab: Lab, n: int) -> bool:
+    return bool(await lab.group().query(GroupWorkflow.target_size) == n)
+
+
+def _last_scale(lab: Lab) -> str | None:
+    group = lab.lab.call(lambda h: h.emulator.get_object(CRD, "groups", NS, "g"))
+    return None if group is None else (group.get("status") or {}).get("lastScaleAction")
