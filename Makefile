@@ -4,13 +4,20 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds proto histories e2e clean
+.PHONY: test run lint typecheck unit crds proto histories e2e soak bytecode clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(MAKE) --no-print-directory bytecode
 	touch $(STAMP)
+
+# Temporal's sandbox imports workflow modules afresh for every workflow it starts: with bytecode on disk that is
+# a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
+# environment says; Python recompiles in memory any file edited since.
+bytecode:
+	$(BIN)/python -m compileall -q api workflows activities kube watchers provider homelab_autoscaler proto
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -36,6 +43,12 @@ TAG ?=
 histories: $(STAMP)
 	@test -n "$(TAG)" || (echo "make histories TAG=<generation>: older generations are kept"; exit 2)
 	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py
+
+# The model-based adversary for as long as asked (tests/model.py): prints every seed, the examples and the steps.
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	MODEL_BUDGET_SECONDS=$$(( $(SOAK_MINUTES) * 60 )) MODEL_STEPS=$${MODEL_STEPS:-60} \
+		$(BIN)/pytest -q -s -p no:cacheprovider tests/test_model.py
 
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
 e2e: $(STAMP)

@@ -13,6 +13,7 @@ from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from api.contracts import SEARCH_ATTRIBUTES, TASK_QUEUE
@@ -86,9 +87,14 @@ async def register_search_attributes(client: Client, namespace: str, *, check_fi
         )
 
 
+# Deterministic modules the sandbox need not re-import for every workflow it starts: the API's data and the pure
+# rules (no I/O, no clocks, no module state; tests/test_hygiene.py holds them to that).
+PASSTHROUGH = ("api", "workflows.law", "workflows.claims", "workflows.fsm", "workflows.history")
+
+
 def sandbox_runner() -> SandboxedWorkflowRunner:
-    """The sandbox stays on; `api` is pure data and passes through so it is not re-imported per run."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("api"))
+    """The sandbox stays on for workflow code; the pure modules pass through so they load once per process."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
 
 
 def build_worker(
@@ -97,13 +103,21 @@ def build_worker(
     *,
     task_queue: str = TASK_QUEUE,
     max_activity_threads: int = 16,
+    max_cached_workflows: int = 1000,
+    sandboxed: bool = True,
 ) -> Worker:
-    """One worker for every workflow and activity; activities are synchronous (the kubernetes client is)."""
+    """One worker for every workflow and activity; activities are synchronous (the kubernetes client is).
+
+    `max_cached_workflows=0` replays every workflow task from its history (no sticky queue): slower, and what a
+    test wants when it restarts workers at random, or wants every step replayed. `sandboxed=False` is for such a
+    test only: the sandbox guards workflow code against I/O and clocks, which tests/test_hygiene.py checks too.
+    """
     return Worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
         activities=list(activities),
         activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=max_activity_threads),
-        workflow_runner=sandbox_runner(),
+        workflow_runner=sandbox_runner() if sandboxed else UnsandboxedWorkflowRunner(),
+        max_cached_workflows=max_cached_workflows,
     )

@@ -21,6 +21,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from activities import KubeActivities
 from api import contracts as c
@@ -64,6 +65,21 @@ class Lab:
     env: WorkflowEnvironment
     lab: HomelabServer
     kube: Kube
+    worker: Worker | None = None
+    cached_workflows: int = 1000
+    sandboxed: bool = True
+
+    async def restart_worker(self) -> None:
+        """Stop the worker (its running activities finish first) and start a fresh one: a worker restart."""
+        if self.worker is not None:
+            await self.worker.__aexit__(None, None, None)
+        self.worker = build_worker(
+            self.client,
+            KubeActivities(self.kube).all(),
+            max_cached_workflows=self.cached_workflows,
+            sandboxed=self.sandboxed,
+        )
+        await self.worker.__aenter__()
 
     @property
     def client(self) -> Client:
@@ -187,7 +203,10 @@ class Lab:
 
 
 @asynccontextmanager
-async def open_lab(doc: dict[str, Any], *, kube_timeout: float = 10.0) -> AsyncIterator[Lab]:
+async def open_lab(
+    doc: dict[str, Any], *, kube_timeout: float = 10.0, cached_workflows: int = 1000, sandboxed: bool = True
+) -> AsyncIterator[Lab]:
+    """The lab; `cached_workflows=0` replays every workflow task (worker restarts then never meet a sticky queue)."""
     spec = parse_homelab_spec(doc, "test")
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=test_server_path(), data_converter=DATA_CONVERTER
@@ -196,10 +215,13 @@ async def open_lab(doc: dict[str, Any], *, kube_timeout: float = 10.0) -> AsyncI
         await register_search_attributes(env.client, "default", check_first=False)
         with HomelabServer(spec, time_scale=0) as hl:
             kube = Kube.connect(server=hl.url, timeout=kube_timeout)
+            lab = Lab(env, hl, kube, cached_workflows=cached_workflows, sandboxed=sandboxed)
             try:
-                async with build_worker(env.client, KubeActivities(kube).all()):
-                    yield Lab(env, hl, kube)
+                await lab.restart_worker()
+                yield lab
             finally:
+                if lab.worker is not None:
+                    await lab.worker.__aexit__(None, None, None)
                 kube.close()
     finally:
         await env.shutdown()

@@ -332,7 +332,18 @@ class ReportWriter:
         return facts, node, delete_node
 
     async def slot(self, key: Key, now: datetime) -> bool:
-        """Bring one slot's report up to date; True when something was written. A slot being deleted is left."""
+        """Bring one slot's report up to date; True when something was written. A slot being deleted is left.
+
+        An API failure leaves the report for the next pass (every event and the resync bring one): one line in
+        the log, never an exception out of the watchers.
+        """
+        try:
+            return await self._slot(key, now)
+        except KubeError as err:
+            log.warning("slot %s/%s: report not written this time: %s", key[0], key[1], err)
+            return False
+
+    async def _slot(self, key: Key, now: datetime) -> bool:
         for _ in range(WRITE_ATTEMPTS):
             raw = self.cluster.slots.get(key)
             if raw is None or meta(raw).get("deletionTimestamp"):
@@ -425,7 +436,17 @@ class ReportWriter:
 
     # --- groups ------------------------------------------------------------------------------------------
     async def group(self, namespace: str, name: str, now: datetime) -> bool:
-        """The observed half of Group.status (slots, on, off, health); True when it was written."""
+        """The observed half of Group.status (slots, on, off, health, conditions); True when it was written.
+
+        An API failure leaves it for the next pass, like a slot's report.
+        """
+        try:
+            return await self._group(namespace, name, now)
+        except KubeError as err:
+            log.warning("group %s/%s: report not written this time: %s", namespace, name, err)
+            return False
+
+    async def _group(self, namespace: str, name: str, now: datetime) -> bool:
         for _ in range(WRITE_ATTEMPTS):
             raw = self.cluster.groups.get((namespace, name))
             if raw is None or meta(raw).get("deletionTimestamp"):

@@ -37,6 +37,7 @@ SHUTDOWN_VERIFY_TIMEOUT = timedelta(minutes=2)
 JOB_OUTCOME_SUCCEEDED = "succeeded"
 JOB_OUTCOME_FAILED = "failed"
 JOB_OUTCOME_TIMEOUT = "timeout"
+JOB_OUTCOME_INTERRUPTED = "interrupted"  # the host stopped waiting (superseded, aborted): the Job's end is unknown
 # The Job controller's reason for a Job its own activeDeadlineSeconds ended: a timeout, not a failure.
 JOB_DEADLINE_REASON = "DeadlineExceeded"
 
@@ -118,7 +119,9 @@ class ShutdownHost(Protocol):
 
 
 async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str:
-    """The Job monitor: a signal ends the wait early; a read every poll interval catches a lost signal."""
+    """The Job monitor: a signal ends the wait early; a read every poll interval catches a lost signal. A host
+    interrupted meanwhile (a superseded claim) stops waiting: the Job is someone else's to wait out now.
+    """
     book: ShutdownBook = host.book
     ref = c.JobRef(host.slot_ref().namespace, job)
     end = host.now() + JOB_TIMEOUT
@@ -133,11 +136,13 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
             return JOB_OUTCOME_TIMEOUT
         host.details(f"waiting for {job_type} Job {job} (times out at {end:%H:%M:%S})")
         if await host.wait(
-            lambda: job in book.finished_jobs,
+            lambda: job in book.finished_jobs or host.interrupted(),
             min(JOB_MONITOR_POLL_INTERVAL, remaining),
             f"{job_type} Job {job}",
             **wait_kw,
         ):
+            if job not in book.finished_jobs:
+                return JOB_OUTCOME_INTERRUPTED
             continue
         status = await host.read(c.Act.READ_JOB, ref, c.JobStatus, f"read {job_type} Job {job}")
         if status is None or status.state == c.JOB_RUNNING:
@@ -224,6 +229,8 @@ async def shut_down(host: ShutdownHost) -> bool:
         book.attempts, book.last_attempt_at = after.attempts, after.last_attempt_at
         await host.on_attempt(job)
         outcome = await monitor_job(host, job, JobType.SHUTDOWN)
+        if outcome == JOB_OUTCOME_INTERRUPTED:
+            return False
         if outcome == JOB_OUTCOME_SUCCEEDED:
             if await _verified_off(host, job):
                 return True

@@ -86,6 +86,11 @@ class Claim(ClaimRuntime):
                 return
         else:
             await self.project(summary=f"take over claim {seed.name}")
+        if s.phase in (ClaimPhase.BOOTING, ClaimPhase.READY) and not s.resource_gone:
+            # Already committed to a machine (adopted, or taken over mid-boot): the finalizer holds the claim until
+            # that machine is verified off, as a boot's would.
+            await self.write(c.Act.ADD_FINALIZER, self.claim_ref(), f"add the finalizer to claim {seed.name}")
+            s.finalizer = not s.resource_gone
 
     # --- handlers: they record inputs, the run decides -------------------------------------------------
     def observe(self, observation: c.Observation) -> None:
@@ -102,7 +107,9 @@ class Claim(ClaimRuntime):
         s.set_condition(
             ConditionType.MARKED_FOR_DELETION, True, request.reason, "the machine will be shut down", self.now()
         )
-        # The mark on the resource, so the slot report sees a scale-down without asking the workflow.
+        # The group hears it (a mark that did not come through it, such as a deletion, leaves its target now),
+        # then the resource shows it, so the slot report sees a scale-down without asking the workflow.
+        await self.notify_group()
         await self.project(summary=f"record the mark ({request.reason}) on claim {s.seed.name}")
 
     def superseded(self, by: str) -> None:

@@ -520,7 +520,7 @@ class Group(Verbs):
                 for b in s.slots.values()
             },
             "claims": {
-                d.name: {"slot": d.slot, "phase": d.phase, "marked": d.marked, "attempt": d.attempt}
+                d.name: {"slot": d.slot, "phase": d.phase, "marked": d.marked, "attempt": d.attempt, "call": d.call}
                 for d in s.claims.values()
             },
             "collecting": sorted(s.collect),

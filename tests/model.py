@@ -1,0 +1,527 @@
+"""The adversary: a seeded random driver of the whole claim model, and the seed's invariants it checks.
+
+One example is one homelab (five slots, maxSize 4) on Temporal's time-skipping server with the real worker and
+activities, the simulated homelab and the real watchers (pumped after every step, so they signal what the
+cluster shows). The driver draws steps from a seeded `random.Random`: concurrent IncreaseSize /
+DecreaseTargetSize / DeleteNodes, time jumps (past gates, deadlines, grace, TTL, the 30 m reset), machine
+faults (boot, never boot, boot late, vanish, refuse to power off), API faults (5xx, 409, 429, 422, timeouts) on
+any resource, hand-applied and hand-deleted claims, deleted slots, a restarted worker. After every step it
+checks the safety invariants; every few steps, once the cluster has settled, the eventual ones; at the end,
+after a quiet spell with every fault cleared, that every machine's power agrees with the law.
+
+A failure names the seed and the steps taken: `MODEL_SEED=<seed> pytest tests/test_model.py` reruns the same
+schedule (worker timing is real, so a rare interleaving may need a few runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+
+from api import contracts as c
+from api.names import MAX_CONSECUTIVE_ATTEMPTS, ClaimReason
+from homelab_autoscaler.sim.emulator import Fault, RequestInfo
+from tests.lab import NS, Lab, homelab, open_lab
+from watchers.main import Watchers
+from watchers.signals import Signals
+from workflows.group.workflow import GroupWorkflow
+
+CRD = "infra.homecluster.dev/v2alpha1"
+SLOTS = ("s1", "s2", "s3", "s4", "s5")
+MAX_SIZE = 4
+# The machine faults of the simulated homelab (its spec's names).
+FAULTS = (
+    "startupJobFails",
+    "shutdownJobFails",
+    "jobHangs",
+    "neverBoots",
+    "kubeletNeverReady",
+    "taintNeverClears",
+    "shutdownDoesNothing",
+)
+# Time jumps: a poll, a gate, the boot deadline, MachineGone grace, the shutdown reset grace, a claim's TTL.
+JUMPS = (1, 10, 60, 5 * 60, 13 * 60, 31 * 60, 61 * 60)
+# API faults as a real server shows them: (status, reason) that retrying can fix, and refusals of a body.
+TRANSIENT = ((500, "InternalError"), (503, "ServiceUnavailable"), (429, "TooManyRequests"), (409, "Conflict"))
+RESOURCES = ("nodeclaims", "jobs", "nodes", "events", "groups")
+VERBS = ("create", "patch", "get", "list", "delete")
+QUIET = timedelta(hours=3)  # long enough for a spent shutdown streak (30 min) to resume twice, and a TTL
+QUIET_HOLD = timedelta(minutes=40)  # the law must keep holding this long: past a shutdown verification and a pause
+SETTLE_EVERY = 6
+KUBE_TIMEOUT = 1.0  # a request slower than this is a timeout to the operator (the delay faults use it)
+
+
+class Violation(AssertionError):
+    """An invariant of the seed did not hold."""
+
+
+@dataclass
+class Model:
+    """What the driver knows besides the system: the faults it set, the claims it saw, what it was told."""
+
+    lab: Lab
+    watchers: Watchers
+    rng: random.Random
+    log: list[str] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+    claims: set[str] = field(default_factory=set)  # every claim name ever seen
+    hand_applied: int = 0
+    refusing_jobs: Fault | None = None  # a window in which the API server refuses every Job creation
+    cancelled_in_window: set[str] = field(default_factory=set)  # cancels acknowledged while no Job could be made
+    deleted_slots: set[str] = field(default_factory=set)
+    checked_closed: set[str] = field(default_factory=set)
+    restarts: bool = False  # whether this example restarts its worker (it then runs with no workflow cache)
+
+    # --- driving -------------------------------------------------------------------------------------------
+    async def run(self, steps: int) -> None:
+        await self.pump()
+        await self.until(lambda: self.loaded(), "the group loaded")
+        for i in range(steps):
+            name, action = self.choose()
+            self.stats[name] += 1
+            self.log.append(f"{i}: {name}")
+            await action()
+            await self.pump()
+            await self.check_safety()
+            if i % SETTLE_EVERY == SETTLE_EVERY - 1:
+                await self.settle_and_check()
+        await self.quiet_and_check()
+
+    def choose(self) -> tuple[str, Callable[[], Awaitable[None]]]:
+        table: list[tuple[str, float, Callable[[], Awaitable[None]]]] = [
+            ("increase", 4, self.increase),
+            ("decrease", 2, self.decrease),
+            ("delete_nodes", 3, self.delete_nodes),
+            ("advance", 6, self.advance),
+            ("machine_fault", 2, self.machine_fault),
+            ("die", 1, self.die),
+            ("power_on_by_hand", 1, self.power_on_by_hand),
+            ("api_fault", 2, self.api_fault),
+            ("refuse_jobs", 1, self.refuse_jobs),
+            ("hand_apply", 1, self.hand_apply),
+            ("hand_delete", 1, self.hand_delete),
+            ("delete_slot", 0.5, self.delete_slot),
+            ("restore_slots", 0.5, self.restore_slots),
+        ]
+        if self.restarts:
+            table.append(("restart_worker", 0.7, self.restart_worker))
+        name, _, action = self.rng.choices(table, weights=[w for _, w, _ in table])[0]
+        return name, action
+
+    async def pump(self) -> None:
+        await self.watchers.pump()
+
+    async def increase(self) -> None:
+        deltas = [self.rng.randint(1, 3) for _ in range(self.rng.randint(1, 4))]
+        self.log[-1] += f" {deltas}"
+        results = await asyncio.gather(
+            *(self.lab.group().execute_update(GroupWorkflow.increase_size, d) for d in deltas), return_exceptions=True
+        )
+        self.refused_only_by_rules(results)
+        over = [r for r in results if isinstance(r, int) and r > MAX_SIZE]
+        if over and not await self.adoptions_explain(max(over)):
+            raise self.violation(f"an IncreaseSize was accepted with the target at {max(over)} of maxSize {MAX_SIZE}")
+
+    async def decrease(self) -> None:
+        before = {n for n, d in (await self.lab.snapshot())["claims"].items() if d["phase"] == "pending"}
+        delta = -self.rng.randint(1, 2)
+        self.log[-1] += f" {delta}"
+        try:
+            await self.lab.group().execute_update(GroupWorkflow.decrease_target_size, delta)
+        except WorkflowUpdateFailedError as err:
+            self.refused_only_by_rules([err])
+            return
+        marked = {n for n, d in (await self.lab.snapshot())["claims"].items() if d["marked"]} & before
+        if self.refusing_jobs is not None:
+            # No Job can be made now: the claim must hear its cancel before the API server recovers.
+            for name in marked:
+                await self.until(lambda n=name: self.marked(n), f"claim {name} heard its cancel")
+            self.cancelled_in_window |= marked
+
+    async def delete_nodes(self) -> None:
+        instances = await self.lab.group().query(GroupWorkflow.instances)
+        if not instances:
+            return
+        chosen = self.rng.sample(instances, self.rng.randint(1, len(instances)))
+        ids = [i.id if self.rng.random() < 0.7 else i.slot for i in chosen]
+        self.log[-1] += f" {ids}"
+        try:
+            await self.lab.group().execute_update(GroupWorkflow.delete_nodes, ids)
+        except WorkflowUpdateFailedError as err:
+            self.refused_only_by_rules([err])
+
+    async def advance(self) -> None:
+        seconds = self.rng.choice(JUMPS)
+        self.log[-1] += f" {seconds}s"
+        step = min(seconds, 300)
+        spent = 0
+        while spent < seconds:
+            await self.lab.advance(step)
+            spent += step
+            await self.pump()
+
+    async def machine_fault(self) -> None:
+        slot, fault, on = self.rng.choice(SLOTS), self.rng.choice(FAULTS), self.rng.random() < 0.6
+        self.log[-1] += f" {slot} {fault}={on}"
+        self.lab.lab.set_fault(slot, fault, on)
+
+    async def die(self) -> None:
+        slot = self.rng.choice(SLOTS)
+        self.log[-1] += f" {slot}"
+        self.lab.lab.die(slot)
+
+    async def power_on_by_hand(self) -> None:
+        slot = self.rng.choice(SLOTS)
+        self.log[-1] += f" {slot}"
+        self.lab.lab.power_on_by_hand(slot)
+
+    async def api_fault(self) -> None:
+        plural, verb = self.rng.choice(RESOURCES), self.rng.choice(VERBS)
+        times = self.rng.randint(1, 4)
+        kind = self.rng.random()
+        if kind < 0.15:
+            fault = Fault(match=_matching(plural, verb), status=None, delay=KUBE_TIMEOUT * 1.5, times=1)
+            what = "timeout"
+        elif kind < 0.25 and verb == "create" and plural in ("jobs", "nodeclaims"):
+            fault = Fault(match=_matching(plural, verb), status=422, reason="Invalid", times=1)
+            what = "422"
+        else:
+            status, reason = self.rng.choice(TRANSIENT)
+            fault = Fault(match=_matching(plural, verb), status=status, reason=reason, times=times)
+            what = f"{status}x{times}"
+        self.log[-1] += f" {verb} {plural} {what}"
+        self.lab.lab.emulator.faults.append(fault)
+
+    async def refuse_jobs(self) -> None:
+        faults = self.lab.lab.emulator.faults
+        if self.refusing_jobs is None:
+            self.refusing_jobs = Fault(match=_matching("jobs", "create"), status=503, reason="Unavailable", times=None)
+            faults.append(self.refusing_jobs)
+            self.log[-1] += " on"
+        else:
+            if self.refusing_jobs in faults:
+                faults.remove(self.refusing_jobs)
+            self.refusing_jobs = None
+            self.log[-1] += " off"
+
+    async def hand_apply(self) -> None:
+        self.hand_applied += 1
+        name, slot = f"hand-{self.hand_applied}", self.rng.choice(SLOTS)
+        now = await self.lab.env.get_current_time()
+        requested = now - timedelta(seconds=self.rng.choice((0, 0, 30, 20 * 60)))
+        spec: dict[str, Any] = {"node": slot, "group": "g", "requestedAt": _rfc3339(requested), "call": "Manual"}
+        if self.rng.random() < 0.3:
+            spec["ttlSecondsAfterFinished"] = self.rng.choice((0, 60, 600))
+        self.log[-1] += f" {name} on {slot}"
+        body = {"apiVersion": CRD, "kind": "NodeClaim", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+        self.lab.lab.call(lambda h: h.emulator.put_object(CRD, "nodeclaims", body, NS))
+        self.claims.add(name)
+
+    async def hand_delete(self) -> None:
+        present = [o["metadata"]["name"] for o in self.lab.lab.call(lambda h: h.emulator.objects_of(CRD, "nodeclaims"))]
+        if not present:
+            return
+        name = self.rng.choice(present)
+        self.log[-1] += f" {name}"
+        self.lab.lab.call(lambda h: h.emulator.delete_object(CRD, "nodeclaims", NS, name))
+
+    async def delete_slot(self) -> None:
+        slot = self.rng.choice(SLOTS)
+        if slot in self.deleted_slots:
+            return
+        self.log[-1] += f" {slot}"
+        self.deleted_slots.add(slot)
+        self.lab.lab.call(lambda h: h.emulator.delete_object(CRD, "nodes", NS, slot))
+
+    async def restore_slots(self) -> None:
+        if not self.deleted_slots:
+            return
+        self.log[-1] += f" {sorted(self.deleted_slots)}"
+        self.lab.lab.call(lambda h: h.seed())  # re-creates what is missing, leaves the rest alone
+        self.deleted_slots.clear()
+
+    async def restart_worker(self) -> None:
+        await self.lab.restart_worker()
+
+    def workflow_ids(self) -> list[str]:
+        ids = [c.group_workflow_id(NS, "g")]
+        ids += [c.claim_workflow_id(NS, n) for n in sorted(self.claims - self.checked_closed)]
+        ids += [c.release_workflow_id(NS, s) for s in SLOTS]
+        return ids
+
+    # --- what the system says --------------------------------------------------------------------------------
+    async def adoptions_explain(self, target: int) -> bool:
+        """Whether adopted machines (beyond any request) make up what the target has above maxSize."""
+        claims = (await self.lab.snapshot())["claims"].values()
+        adopted = sum(1 for d in claims if d["call"] == "Adopted" and d["phase"] == "ready" and not d["marked"])
+        return target - adopted <= MAX_SIZE
+
+    async def loaded(self) -> bool:
+        try:
+            return bool((await self.lab.snapshot())["loaded"])
+        except RPCError:
+            return False
+
+    async def marked(self, name: str) -> bool:
+        return bool((await self.lab.status(name))["marked"])
+
+    async def until(self, check: Callable[[], Awaitable[bool]], what: str, seconds: float = 10) -> None:
+        """A condition the system reaches without workflow time passing (signals, activities): real time only."""
+        end = time.monotonic() + seconds
+        while not await check():
+            if time.monotonic() > end:
+                raise self.violation(f"{what}: not within {seconds:.0f} real seconds")
+            await self.pump()
+            await asyncio.sleep(0.05)
+
+    def refused_only_by_rules(self, results: list[Any]) -> None:
+        """An Update may be refused for a rule (maxSize, capacity, minSize, bad input), never for an error."""
+        known = {c.ERR_INVALID_ARGUMENT, c.ERR_FAILED_PRECONDITION, c.ERR_NOT_FOUND, c.ERR_NO_CAPACITY}
+        for r in results:
+            if isinstance(r, BaseException):
+                cause = getattr(r, "cause", None)
+                if not (isinstance(r, WorkflowUpdateFailedError) and isinstance(cause, ApplicationError)):
+                    raise self.violation(f"an Update failed with {r!r}")
+                if cause.type not in known:
+                    raise self.violation(f"an Update was refused for {cause.type}: {cause.message}")
+
+    async def open_claims(self) -> dict[str, dict[str, Any]]:
+        """Every claim whose workflow the group tracks, with its workflow's own status (the truth)."""
+        names = list((await self.lab.snapshot())["claims"])
+        self.claims.update(names)
+        out = {}
+        for name in names:
+            try:
+                out[name] = await self.lab.status(name)
+            except RPCError:
+                continue  # booked, not started yet
+        return out
+
+    def resources(self) -> dict[str, dict[str, Any]]:
+        objs = self.lab.lab.call(lambda h: h.emulator.objects_of(CRD, "nodeclaims", NS))
+        return {o["metadata"]["name"]: o for o in objs}
+
+    # --- invariants ----------------------------------------------------------------------------------------------
+    def violation(self, what: str) -> Violation:
+        return Violation(f"{what}\nsteps:\n  " + "\n  ".join(self.log[-40:]))
+
+    async def check_safety(self) -> None:
+        """What holds at every instant, whatever is in flight."""
+        snap = await self.lab.snapshot()
+        live_by_slot: Counter[str] = Counter()
+        for d in snap["claims"].values():
+            if d["phase"] in ("pending", "booting", "ready"):
+                live_by_slot[d["slot"]] += 1
+        two = [s for s, n in live_by_slot.items() if n > 1]
+        if two:
+            raise self.violation(f"the group holds two live claims on slots {two}: {snap['claims']}")
+        # IncreaseSize never passes maxSize; only adopting a machine someone switched on may (it is never powered
+        # off on sight: docs/decisions.md), so the claims asked for stay within the bound.
+        adopted = sum(
+            1
+            for d in snap["claims"].values()
+            if d["call"] == "Adopted" and d["phase"] in ("pending", "booting", "ready") and not d["marked"]
+        )
+        if snap["targetSize"] - adopted > MAX_SIZE:
+            raise self.violation(f"target {snap['targetSize']} ({adopted} adopted) is above maxSize {MAX_SIZE}")
+        for job in self.lab.jobs():
+            labels = job["metadata"]["labels"]
+            claim = labels.get("infra.homecluster.dev/nodeclaim")
+            if labels.get("type") != "startup" or not claim:
+                continue
+            if claim in self.cancelled_in_window:
+                raise self.violation(f"claim {claim} was cancelled while no Job could be made, yet has a startup Job")
+            self.claims.add(claim)
+            resource = self.resources().get(claim)
+            attempt = ((resource or {}).get("status") or {}).get("attempt")
+            if isinstance(attempt, int) and attempt > MAX_CONSECUTIVE_ATTEMPTS:
+                raise self.violation(f"claim {claim} bought a machine on attempt {attempt}")
+        await self.check_closed()
+
+    async def check_closed(self) -> None:
+        """A claim's workflow closes Completed, or Failed with its claim's reason; nothing else ever closes."""
+        group = await self.lab.group().describe()
+        if group.status != WorkflowExecutionStatus.RUNNING:
+            raise self.violation(f"the group workflow is {group.status}")
+        reasons = {str(r) for r in ClaimReason}
+        for name in sorted(self.claims - self.checked_closed):
+            handle = self.lab.claim(name)
+            try:
+                desc = await handle.describe()
+            except RPCError:
+                continue
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                continue
+            if desc.status == WorkflowExecutionStatus.FAILED:
+                try:
+                    await handle.result()
+                except WorkflowFailureError as err:
+                    cause = err.cause
+                    if not isinstance(cause, ApplicationError) or cause.type not in reasons:
+                        raise self.violation(f"claim {name} failed without a claim reason: {cause!r}") from err
+                    if (await self.lab.status(name))["phase"] != "failed":
+                        raise self.violation(f"claim {name}'s workflow failed but its phase is not failed") from err
+            elif desc.status != WorkflowExecutionStatus.COMPLETED:
+                raise self.violation(f"claim {name}'s workflow ended {desc.status}")
+            self.checked_closed.add(name)
+
+    async def settle(self, rounds: int = 8) -> None:
+        """Let signals, activities and short retries play out: a few small time steps with the watchers pumped."""
+        for _ in range(rounds):
+            await self.lab.advance(2)
+            await self.pump()
+            await asyncio.sleep(0.02)
+
+    def claim_faults_active(self) -> bool:
+        return bool(self.lab.lab.emulator.faults)
+
+    async def settle_and_check(self) -> None:
+        """What holds once the cluster has had a moment: the truth of the claims against the group and resources."""
+        await self.settle()
+        for attempt in range(3):
+            try:
+                await self._eventual()
+                return
+            except Violation:
+                if attempt == 2:
+                    raise
+                await self.settle(4)
+
+    async def _eventual(self) -> None:
+        claims = await self.open_claims()
+        live = {n: s for n, s in claims.items() if s["phase"] in ("pending", "booting", "ready")}
+        by_slot: Counter[str] = Counter(s["slot"] for s in live.values())
+        two = [slot for slot, n in by_slot.items() if n > 1]
+        if two:
+            raise self.violation(f"two live claims on slots {two}: {sorted(live)}")
+        wanted = sum(1 for s in live.values() if not s["marked"])
+        target = await self.lab.group().query(GroupWorkflow.target_size)
+        if wanted != target:
+            raise self.violation(f"the group's target is {target}, but {wanted} live claims are unmarked")
+        if self.claim_faults_active():
+            return  # a projection may be held back by the fault; checked again once it is gone
+        resources = self.resources()
+        for name, st in claims.items():
+            res = resources.get(name)
+            if res is not None and (res.get("status") or {}).get("phase") not in (None, st["phase"]):
+                raise self.violation(
+                    f"claim {name}: the resource says {res['status'].get('phase')}, the workflow {st['phase']}"
+                )
+        now = await self.lab.env.get_current_time()
+        for name, st in live.items():
+            deadline = _time(st.get("deadlineAt"))
+            if st["phase"] in ("pending", "booting") and deadline and now > deadline + timedelta(minutes=2):
+                raise self.violation(f"claim {name} is still {st['phase']} past its deadline {deadline}")
+
+    async def quiet_and_check(self) -> None:
+        """Every fault cleared, a quiet spell: then every machine's power agrees with the law, and keeps agreeing.
+
+        The spell lasts until the law has held for `QUIET_HOLD` (at most `QUIET`: longer is a violation), so a
+        slot still paused by a spent shutdown streak, or a claim still inside its deadline, has time to settle.
+        """
+        self.log.append("quiet")
+        self.lab.lab.emulator.faults.clear()
+        self.refusing_jobs = None
+        for slot in SLOTS:
+            for fault in FAULTS:
+                self.lab.lab.set_fault(slot, fault, False)
+        await self.restore_slots()
+        spent, held_since = timedelta(), None
+        while True:
+            await self.lab.advance(600)
+            await self.pump()
+            spent += timedelta(seconds=600)
+            await self.settle(2)
+            problem = await self.law_disagreement()
+            if problem is None:
+                held_since = held_since or spent
+                if spent - held_since >= QUIET_HOLD:
+                    break
+            else:
+                held_since = None
+                if spent >= QUIET:
+                    raise self.violation(f"after {spent} of quiet: {problem}")
+        await self.settle_and_check()
+        await self.check_closed()
+        await self.check_no_failed_tasks()
+
+    async def law_disagreement(self) -> str | None:
+        """Where a machine's power disagrees with the law (on exactly when a settled live claim wants it), if any."""
+        claims = await self.open_claims()
+        for slot in SLOTS:
+            power = self.lab.lab.power(slot)
+            owners = [
+                n for n, s in claims.items() if s["slot"] == slot and s["phase"] in ("pending", "booting", "ready")
+            ]
+            if owners and any(claims[n]["phase"] != "ready" or claims[n]["marked"] for n in owners):
+                return f"slot {slot} still has an unsettled claim: {owners}"
+            if (power == "on") != bool(owners):
+                return f"slot {slot}'s machine is {power} with live claims {owners}"
+        return None
+
+    async def check_no_failed_tasks(self) -> None:
+        """No workflow task of any workflow here ever failed (a failing task is a workflow stuck on bad data)."""
+        ids = [c.group_workflow_id(NS, "g")]
+        ids += [c.claim_workflow_id(NS, n) for n in sorted(self.claims)]
+        ids += [c.release_workflow_id(NS, s) for s in SLOTS]
+        for wid in ids:
+            try:
+                history = await self.lab.client.get_workflow_handle(wid).fetch_history()
+            except RPCError:
+                continue
+            failed = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+            if failed:
+                raise self.violation(
+                    f"{wid}: a workflow task failed: {failed[0].workflow_task_failed_event_attributes}"
+                )
+
+
+def _matching(plural: str, verb: str) -> Callable[[RequestInfo], bool]:
+    return lambda r: r.plural == plural and r.verb == verb
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+async def run_example(seed: int, steps: int) -> Counter[str]:
+    """One example: a fresh homelab, `steps` random steps from `seed`, then the quiet check; the steps' tally."""
+    rng = random.Random(seed)
+    doc = homelab([{"name": s} for s in SLOTS], maxSize=MAX_SIZE)
+    # One example in three restarts its worker. It runs with no workflow cache: every workflow task replays its
+    # whole history, so a restarted worker meets no sticky queue of the one before (the test server never moves a
+    # task off a dead one), and every step is a replay test as well. Replaying that much is slow in the sandbox,
+    # which re-imports the workflow modules for every task; its guard (no I/O, no clocks in workflow code) is
+    # checked statically by tests/test_hygiene.py, so it is left off there.
+    restarts = rng.random() < 1 / 3
+    cache, sandboxed = (0, False) if restarts else (1000, True)
+    async with open_lab(doc, kube_timeout=KUBE_TIMEOUT, cached_workflows=cache, sandboxed=sandboxed) as lab:
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        model = Model(lab, watchers, rng, restarts=restarts)
+        model.log.append(f"worker restarts: {'yes' if restarts else 'no'}")
+        try:
+            await model.run(steps)
+        except Violation as err:
+            raise Violation(f"seed {seed}: {err}") from None
+        except Exception as err:  # anything else is a failure of the system too: say where the driver was
+            raise model.violation(f"seed {seed}: {err!r}") from err
+        finally:
+            watchers.close()
+        return model.stats
