@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -60,6 +60,16 @@ QUIET = timedelta(hours=3)  # long enough for a spent shutdown streak (30 min) t
 QUIET_HOLD = timedelta(minutes=40)  # the law must keep holding this long: past a shutdown verification and a pause
 SETTLE_EVERY = 6
 KUBE_TIMEOUT = 1.0  # a request slower than this is a timeout to the operator (the delay faults use it)
+
+
+# Task "failures" that are Temporal's own protocol, not an error of the workflow: a completion that raced a new
+# event (the worker runs the task again with it), a sticky queue reset.
+BENIGN_TASK_FAILURES = frozenset(
+    {
+        WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
+        WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_STICKY_TASK_QUEUE,
+    }
+)
 
 
 class Violation(AssertionError):
@@ -480,7 +490,12 @@ class Model:
                 history = await self.lab.client.get_workflow_handle(wid).fetch_history()
             except RPCError:
                 continue
-            failed = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+            failed = [
+                e
+                for e in history.events
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+                and e.workflow_task_failed_event_attributes.cause not in BENIGN_TASK_FAILURES
+            ]
             if failed:
                 raise self.violation(
                     f"{wid}: a workflow task failed: {failed[0].workflow_task_failed_event_attributes}"

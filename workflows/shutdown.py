@@ -13,7 +13,7 @@ stops and says so rather than firing shutdown Jobs at a machine that may never h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -106,6 +106,16 @@ class ShutdownHost(Protocol):
     def slot_ref(self) -> c.SlotRef: ...
 
     async def write(self, name: str, arg: Any, summary: str) -> Any: ...
+
+    async def buy(
+        self,
+        name: str,
+        arg: Any,
+        summary: str,
+        *,
+        stop: Callable[[], bool],
+        landed: Callable[[], Awaitable[bool]] | None = None,
+    ) -> bool: ...
 
     async def read(self, name: str, arg: Any, result_type: Any, summary: str) -> Any: ...
 
@@ -213,18 +223,28 @@ async def shut_down(host: ShutdownHost) -> bool:
             await host.on_event(
                 EventReason.SCALE_DOWN_STARTED, f"cordoning the node of slot {slot.slot}, then a shutdown Job", False
             )
+        # The writes that act on the machine stop the moment the host is interrupted (a superseded claim hands
+        # its machine to a newer one), even while they are being retried: no shutdown for a machine not ours.
         try:
-            await host.write(c.Act.CORDON, slot, f"cordon the node of slot {slot.slot}")
+            if not await host.buy(c.Act.CORDON, slot, f"cordon the node of slot {slot.slot}", stop=host.interrupted):
+                return False
         except Broken as err:  # a cordon only keeps pods away meanwhile; the power-off does not need it
             await host.on_event(EventReason.SHUTDOWN_JOB_FAILED, f"could not cordon: {err.message}", True)
         book.sequence += 1
         job = c.job_name(host.job_owner() or slot.slot, JobType.SHUTDOWN, book.sequence)
-        created = await host.write(
+
+        async def job_exists(job: str = job) -> bool:
+            found = await host.read(c.Act.READ_JOB, c.JobRef(slot.namespace, job), c.JobStatus, f"read Job {job}")
+            return found is not None and found.state != c.JOB_MISSING
+
+        if not await host.buy(
             c.Act.CREATE_JOB,
             c.JobRequest(slot.namespace, slot.slot, JobType.SHUTDOWN, book.sequence, host.claim_name(), job),
             f"shutdown Job {job}",
-        )
-        job = str(created["name"]) if isinstance(created, dict) else job
+            stop=host.interrupted,
+            landed=job_exists,
+        ):
+            return False
         after = claims.after_shutdown_job(book.streak(), host.now())
         book.attempts, book.last_attempt_at = after.attempts, after.last_attempt_at
         await host.on_attempt(job)

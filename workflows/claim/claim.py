@@ -37,9 +37,10 @@ class Claim(ClaimRuntime):
         if carried is None:
             await self._begin()
         try:
-            if await self._lifecycle():
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(args=[seed, s.carried()])
+            while s.live and not s.abandoned:  # each pass moves the claim on, or hands over to the next step
+                if await self._lifecycle():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(args=[seed, s.carried()])
         except Deadline:
             await self._fail(
                 ClaimReason.DEADLINE_EXCEEDED, f"not ready by the deadline {s.deadline_at:%Y-%m-%d %H:%M:%S}Z"

@@ -219,7 +219,8 @@ class ClaimRuntime(SlotVerbs):
         return self.s.seed.name
 
     def claim_name(self) -> str:
-        return self.s.seed.name
+        """The owner of its shutdown Jobs: the claim, or the slot alone once the claim resource is gone."""
+        return "" if self.s.resource_gone else self.s.seed.name
 
     async def on_attempt(self, job: str) -> None:
         await self.project(
