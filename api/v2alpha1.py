@@ -15,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -175,7 +176,56 @@ Duration = Annotated[
 ]
 
 
+def _at_most(limit: timedelta) -> AfterValidator:
+    """Refuse a duration past `limit`, naming the bound: a duration past any sensible bound is a typo, and one
+    past the calendar would stop the group's arithmetic.
+    """
+
+    def check(value: timedelta) -> timedelta:
+        if value > limit:
+            raise ValueError(f"{format_duration(value)} is longer than {format_duration(limit)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _schema_at_most(limit: timedelta) -> WithJsonSchema:
+    """The same bound for the API server: a CEL rule on the duration string."""
+    text = format_duration(limit)
+    rule = {"rule": f"self == '0' || duration(self) <= duration('{text}')", "message": f"must be at most {text}"}
+    return WithJsonSchema(
+        {"type": "string", "pattern": DURATION_PATTERN, "maxLength": 32, "x-kubernetes-validations": [rule]}
+    )
+
+
+_DAY, _WEEK = timedelta(hours=24), timedelta(days=7)
+#: How long a machine may take to be ready (at most a day); cluster-autoscaler's own knob of the same name.
+ProvisionTime = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    _at_most(_DAY),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    _schema_at_most(_DAY),
+]
+#: cluster-autoscaler's scale-down timings (at most a week).
+ScaleDownTime = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    _at_most(_WEEK),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    _schema_at_most(_WEEK),
+]
+# Counts with a bound: a group of more machines than this is a typo, and timers past these are no timers.
+MAX_GROUP_SIZE = 10_000
+MAX_TTL_SECONDS = 30 * 24 * 3600
+MAX_JOB_SECONDS = 24 * 3600
+MAX_JOB_BACKOFF = 10
+
+
 # --- times ---------------------------------------------------------------------------------------------
+# The times a claim's own may hold: its deadline and TTL are added to them, and must stay on the calendar.
+_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def _as_utc(value: object) -> object:
@@ -311,13 +361,13 @@ class GroupSpec(_Spec):
         }
     )
 
-    min_size: int = Field(default=0, ge=0)
-    max_size: int = Field(ge=0)
+    min_size: int = Field(default=0, ge=0, le=MAX_GROUP_SIZE)
+    max_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
     scale_down_utilization_threshold: float | None = Field(default=None, ge=0, le=1)
     scale_down_gpu_utilization_threshold: float | None = Field(default=None, ge=0, le=1)
-    scale_down_unneeded_time: Duration | None = None
-    scale_down_unready_time: Duration | None = None
-    max_node_provision_time: Duration | None = None
+    scale_down_unneeded_time: ScaleDownTime | None = None
+    scale_down_unready_time: ScaleDownTime | None = None
+    max_node_provision_time: ProvisionTime | None = None
     zero_or_max_node_scaling: bool | None = None
     ignore_daemon_sets_utilization: bool | None = None
     node_readiness_taints: list[Taint] = Field(
@@ -502,9 +552,9 @@ class PodSpecTemplate(_Spec):
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=64)
     service_account: str | None = None
     resources: ResourceRequirements | None = None
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
-    backoff_limit: int | None = Field(default=None, ge=0)
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_TTL_SECONDS)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_JOB_SECONDS)
+    backoff_limit: int | None = Field(default=None, ge=0, le=MAX_JOB_BACKOFF)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
 
@@ -596,8 +646,15 @@ class NodeClaimSpec(_Spec):
     group: str = Field(min_length=1)
     requested_at: Time
     deadline_at: Time | None = Field(default=None, description="Boot deadline; cleared when the claim is ready.")
-    max_node_provision_time: Duration | None = None
-    ttl_seconds_after_finished: int = Field(default=names.CLAIM_TTL_SECONDS_AFTER_FINISHED, ge=0)
+    max_node_provision_time: ProvisionTime | None = None
+    ttl_seconds_after_finished: int = Field(default=names.CLAIM_TTL_SECONDS_AFTER_FINISHED, ge=0, le=MAX_TTL_SECONDS)
+
+    @model_validator(mode="after")
+    def _times_on_the_calendar(self) -> Self:
+        for name, when in (("requestedAt", self.requested_at), ("deadlineAt", self.deadline_at)):
+            if when is not None and not (_EARLIEST <= when <= _LATEST):
+                raise ValueError(f"{name} {when:%Y-%m-%d} is not a time a claim can have")
+        return self
     call: ClaimCall = ClaimCall.MANUAL
 
 

@@ -13,18 +13,19 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 
 from api import names
-from api.v2alpha1 import Group, GroupSpec, Node, Pricing
+from api.v2alpha1 import GroupSpec, Pricing
+from kube import views
 from kube.adapter import GROUPS, SLOTS, Kube
 from kube.errors import KubeError
+from kube.objects import meta, spec
 from provider.errors import unavailable
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", Group, Node)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Catalog:
         self._held: Snapshot | None = None
         self._taken = 0.0
         self._lock = asyncio.Lock()
+        self._warned: set[tuple[str, ...]] = set()
 
     def group_id(self, namespace: str, group: str) -> str:
         """`<group>` when one namespace is served (the usual homelab), `<namespace>/<group>` otherwise."""
@@ -118,37 +120,61 @@ class Catalog:
         for ns in self.namespaces:
             raw_groups = self.kube.list_raw(GROUPS, ns)[0]
             raw_slots = self.kube.list_raw(SLOTS, ns)[0]
-            slots: list[SlotInfo] = []
-            for obj in raw_slots:
-                slot = _parse(Node, obj)
-                if slot is None or slot.metadata.name is None:
-                    continue
-                slots.append(
-                    SlotInfo(
-                        namespace=ns,
-                        name=slot.metadata.name,
-                        group=slot.spec.group,
-                        node_name=slot.spec.kubernetes_node_name,
-                        provider_id=slot.spec.provider_id or names.provider_id(ns, slot.metadata.name),
-                        pricing=slot.spec.pricing,
-                    )
-                )
+            slots = [slot for obj in raw_slots if (slot := self._slot(ns, obj)) is not None]
             for obj in raw_groups:
-                group = _parse(Group, obj)
-                if group is None or group.metadata.name is None:
+                name = meta(obj).get("name")
+                if not isinstance(name, str) or not name:
                     continue
-                name = group.metadata.name
                 members = tuple(sorted((s for s in slots if s.group == name), key=lambda s: s.name))
-                groups.append(GroupInfo(self.group_id(ns, name), ns, name, group.spec, members))
+                groups.append(GroupInfo(self.group_id(ns, name), ns, name, self._group_spec(ns, obj), members))
         return Snapshot(tuple(sorted(groups, key=lambda g: g.id)))
 
+    def _slot(self, ns: str, obj: Mapping[str, Any]) -> SlotInfo | None:
+        """A slot by its identity alone: one whose pod spec is wrong is still a machine of its group (its node
+        must still be matched), and the group workflow keeps it out of slot choice.
+        """
+        name, sp = meta(obj).get("name"), spec(obj)
+        group, node_name = sp.get("group"), sp.get("kubernetesNodeName")
+        if not all(isinstance(v, str) and v for v in (name, group, node_name)):
+            problem = views.slot_problem(obj) or "spec.group and spec.kubernetesNodeName are required"
+            self._warn("slot", ns, obj, problem)
+            return None
+        pricing: Pricing | None = None
+        if sp.get("pricing") is not None:
+            try:
+                pricing = Pricing.model_validate(sp["pricing"])
+            except ValidationError as err:
+                self._warn("slot", ns, obj, views.problem_of(err, "spec.pricing"))
+        provider_id = sp.get("providerID")
+        return SlotInfo(
+            namespace=ns,
+            name=str(name),
+            group=str(group),
+            node_name=str(node_name),
+            provider_id=provider_id
+            if isinstance(provider_id, str) and provider_id
+            else names.provider_id(ns, str(name)),
+            pricing=pricing,
+        )
 
-def _parse(model: type[M], obj: dict[str, object]) -> M | None:
-    """One malformed resource is logged and skipped; it must not take every other group down with it."""
-    try:
-        return model.model_validate(obj)
-    except ValidationError as err:
-        meta = obj.get("metadata")
-        where = meta.get("name") if isinstance(meta, dict) else "?"
-        log.warning("skipping %s %s: it does not fit the v2alpha1 schema: %s", model.__name__, where, err.errors()[:1])
-        return None
+    def _group_spec(self, ns: str, obj: Mapping[str, Any]) -> GroupSpec:
+        """The Group's spec; one that does not fit is served with its bounds alone (its workflow refuses to grow it
+        and says why), so its nodes stay matched to it.
+        """
+        found = views.group_spec(obj)
+        if isinstance(found, GroupSpec):
+            return found
+        self._warn("Group", ns, obj, found)
+        bounds = {k: v for k in ("minSize", "maxSize") if isinstance(v := spec(obj).get(k), int) and v >= 0}
+        try:
+            return GroupSpec.model_validate(bounds if "maxSize" in bounds else {"maxSize": 0})
+        except ValidationError:
+            return GroupSpec.model_validate({"maxSize": 0})
+
+    def _warn(self, kind: str, ns: str, obj: Mapping[str, Any], problem: str) -> None:
+        """Once per version of an object: what is wrong, by field (never a pod spec's value)."""
+        m = meta(obj)
+        key = (kind, ns, str(m.get("name")), str(m.get("uid")), str(m.get("generation")))
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s %s/%s: %s", kind, ns, m.get("name"), problem)

@@ -46,6 +46,7 @@ FAULTS = (
     "shutdownJobFails",
     "jobHangs",
     "neverBoots",
+    "kubeletNeverRegisters",
     "kubeletNeverReady",
     "taintNeverClears",
     "shutdownDoesNothing",

@@ -76,8 +76,13 @@ def refused(call: Any, *args: Any, **kwargs: Any) -> tuple[int, Obj]:
     return exc.value.status, json.loads(exc.value.body or "{}")
 
 
+NOT_CHECKED = "some validation rules were not checked because the object was invalid"
+
+
 def causes(body: Obj) -> list[tuple[str, str]]:
-    return [(c["reason"], c["field"]) for c in body["details"]["causes"]]
+    """The schema's causes; the one a real server adds when CEL rules were skipped for them is left out (its own
+    test below), so these read the same whether or not the schema carries rules."""
+    return [(c["reason"], c["field"]) for c in body["details"]["causes"] if NOT_CHECKED not in c.get("message", "")]
 
 
 def http(srv: EmulatorServer, method: str, path: str, body: Any = None, accept: str = "") -> tuple[int, Obj, Any]:
@@ -124,7 +129,8 @@ def test_the_422_body_is_a_real_invalid_status(co: Any) -> None:
     assert body["message"] == (
         'NodeClaim.infra.homecluster.dev "c1" is invalid: [spec.node: Invalid value: "": spec.node in body should'
         ' be at least 1 chars long, spec.call: Unsupported value: "X": supported values: "IncreaseSize", "Adopted",'
-        ' "Manual"]'
+        ' "Manual", <nil>: Invalid value: "null": some validation rules were not checked because the object was'
+        " invalid; correct the existing errors to complete validation]"
     )
     assert body["details"]["name"] == "c1" and body["details"]["group"] == G and body["details"]["kind"] == "NodeClaim"
     assert body["details"]["causes"][1] == {
@@ -251,7 +257,9 @@ def test_max_length_is_too_long(srv: EmulatorServer, co: Any) -> None:
 def test_pattern(co: Any) -> None:
     """OpenAPI ``pattern``: "in body should match '<pattern>'" (here the Go duration of maxNodeProvisionTime)."""
     _, answer = refused(co.create_namespaced_custom_object, G, V, NS, "groups", group(maxNodeProvisionTime="5 minutes"))
-    assert causes(answer) == [("FieldValueInvalid", "spec.maxNodeProvisionTime")]
+    # a pattern error does not block CEL (not one of apiextensions' hasBlockingErr types): the duration bound's rule
+    # runs too, and cannot parse the value either
+    assert set(causes(answer)) == {("FieldValueInvalid", "spec.maxNodeProvisionTime")}
     assert "should match" in answer["message"]
 
 
@@ -457,7 +465,10 @@ def test_annotations_total_size(co: Any) -> None:
     body = group()
     body["metadata"]["annotations"] = {"a": "x" * (256 * 1024)}
     _, answer = refused(co.create_namespaced_custom_object, G, V, NS, "groups", body)
-    assert causes(answer) == [("FieldValueTooLong", "metadata.annotations"), ("FieldValueInvalid", "<nil>")]
+    assert [(c["reason"], c["field"]) for c in answer["details"]["causes"]] == [
+        ("FieldValueTooLong", "metadata.annotations"),
+        ("FieldValueInvalid", "<nil>"),
+    ]
 
 
 def test_finalizer_names(co: Any) -> None:

@@ -279,6 +279,15 @@ def test_kubelet_never_ready_until_the_fault_is_cleared(lab: Lab) -> None:
     assert lab.ready("m1") == "True" and lab.taints("m1") == []
 
 
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"kubeletNeverRegisters": True})], indirect=True)
+def test_kubelet_never_registers_until_the_fault_is_cleared(lab: Lab) -> None:
+    """A machine on whose kubelet shows nothing: the cluster sees no Node, yet the power is on."""
+    lab.job("m1", "startup")
+    assert lab.node("m1") is None and lab.server.power("m1") == "on"
+    lab.server.set_fault("m1", "kubeletNeverRegisters", False)  # it comes up late
+    assert lab.node("m1") is not None and lab.ready("m1") == "True"
+
+
 @pytest.mark.parametrize("lab", [homelab_spec(faults={"taintNeverClears": True})], indirect=True)
 def test_taint_never_clears(lab: Lab) -> None:
     lab.job("m1", "startup")

@@ -233,10 +233,15 @@ class Dispatcher:
         obj = event.object if event.type != DELETED else (old or event.object)
         ns, name = key
         slot_key = (ns, str(spec(obj).get("node") or ""))
+        problem = views.claim_problem(obj) if event.type != DELETED else ""
+        if problem:
+            # A claim that cannot be run is no claim to the picture (no report, no signal): only its Warning.
+            self.cluster.claims.pop(key, None)
+            if self.acting:
+                await self.writer.warn_invalid(KIND_NODECLAIM, obj, problem, self.clock())
+            return
         if not self.acting:
             return
-        if event.type != DELETED:
-            await self.writer.warn_invalid(KIND_NODECLAIM, obj, views.claim_problem(obj), self.clock())
         if event.type == DELETED:
             await self._hand_deleted(obj)
             self.hand_deleted.discard((ns, name, str(meta(obj).get("uid") or "")))  # gone: its uid never returns

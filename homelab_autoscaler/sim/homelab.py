@@ -275,7 +275,9 @@ class Homelab:
         self._record(machine, "fault", f"{name}={bool(value)}")
         if value:
             return
-        if attr == "kubelet_never_ready" and machine.stage is Stage.NOT_READY:
+        if attr == "kubelet_never_registers" and machine.stage is Stage.BOOTING:
+            self._after(machine, machine.timings.boot_seconds, lambda: self._register(machine))
+        elif attr == "kubelet_never_ready" and machine.stage is Stage.NOT_READY:
             self._after(machine, machine.timings.ready_seconds, lambda: self._ready(machine))
         elif attr == "taint_never_clears" and machine.stage is Stage.READY:
             self._after(machine, machine.timings.taint_clear_seconds, lambda: self._clear_taints(machine))
@@ -503,6 +505,9 @@ class Homelab:
 
     def _register(self, machine: Machine) -> None:
         """The kubelet comes up: registers its Node (or, if the Node was kept, re-posts it NotReady)."""
+        if machine.faults.kubelet_never_registers:
+            self._record(machine, "kubelet-silent", "powered, no Node registered")
+            return
         taints = self._group_readiness_taints(machine)
         machine.readiness_taints = taints
         machine.stage = Stage.NOT_READY

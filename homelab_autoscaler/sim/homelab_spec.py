@@ -75,6 +75,7 @@ class Faults(_Model):
     shutdown_job_fails: bool = False  # shutdown Job ends Failed; machine stays on
     job_hangs: bool = False  # lifecycle Jobs stay active (fail DeadlineExceeded only in real time)
     never_boots: bool = False  # startup Job succeeds, the machine never comes up, no Node appears
+    kubelet_never_registers: bool = False  # the machine is on, but its kubelet registers no Node (until cleared)
     kubelet_never_ready: bool = False  # the Node registers but stays Ready=False
     taint_never_clears: bool = False  # the Node becomes Ready but keeps its readiness taints
     shutdown_does_nothing: bool = False  # shutdown Job succeeds, the machine stays on
