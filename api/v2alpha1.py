@@ -655,6 +655,7 @@ class NodeClaimSpec(_Spec):
             if when is not None and not (_EARLIEST <= when <= _LATEST):
                 raise ValueError(f"{name} {when:%Y-%m-%d} is not a time a claim can have")
         return self
+
     call: ClaimCall = ClaimCall.MANUAL
 
 

@@ -159,20 +159,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.command == "claims":
         return asyncio.run(_claims(args, settings))
-    if args.command == "worker":
-        return asyncio.run(roles.worker_role(settings))
-    if args.command == "provider":
-        from provider.server import serve
-
-        asyncio.run(serve(settings))  # type: ignore[arg-type]
-        return 0
-    if args.command == "watch":
-        from watchers.main import run_watch
-
-        asyncio.run(run_watch(settings))  # type: ignore[arg-type]
-        return 0
-    if args.command == "run":
-        return asyncio.run(roles.run_role(settings))  # type: ignore[arg-type]
+    if args.command in roles.ROLES:
+        return asyncio.run(roles.run_command(args.command, settings))
     return asyncio.run(roles.dev_role(settings))  # type: ignore[arg-type]
 
 

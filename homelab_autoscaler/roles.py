@@ -1,7 +1,9 @@
-"""The operator's roles as coroutines, and `run`/`dev`, which compose them in one process.
+"""The composition root: the one module that connects to Temporal and Kubernetes and hands the roles what they
+need (`Process`), and `dev`, which adds the embedded Temporal server and the simulated homelab.
 
-Each role takes the process's Temporal client and Kubernetes adapter when composed, and one stop event, so a
-SIGTERM stops every role and then the process, in that order, with nothing left running.
+Each role takes the process's client and adapter, one stop event and the health server, so a SIGTERM stops every
+role and then the process, in that order, with nothing left running; `/readyz` fails while Temporal or the API
+server cannot be reached.
 """
 
 from __future__ import annotations
@@ -12,20 +14,24 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from pydantic import Field
 from temporalio.client import Client
 
 from activities import KubeActivities
+from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.settings import Settings
 from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
 from kube.adapter import Kube
 from provider.server import serve as serve_provider
+from provider.service import CloudProvider
 from provider.settings import ProviderSettings
-from watchers.main import run_watch
+from watchers.main import build_watchers
 from watchers.settings import WatchSettings
 
 log = logging.getLogger("homelab_autoscaler")
@@ -133,61 +139,104 @@ async def checked_client(settings: Settings) -> Client | None:
     return client
 
 
-async def run_worker(settings: Settings, client: Client, kube: Kube, stop: asyncio.Event) -> None:
-    worker = build_worker(
-        client,
-        KubeActivities(kube).all(),
-        task_queue=settings.task_queue,
-        max_activity_threads=settings.activity_threads,
+# --- the roles: each takes what the composition hands it, and never connects on its own -----------------------
+@dataclass
+class Process:
+    """What a role is handed: the settings, the process's Temporal client and adapter, its stop, its health."""
+
+    settings: Settings
+    client: Client
+    kube: Kube
+    stop: asyncio.Event
+    health: HealthServer
+    temporal: Reachability
+
+
+async def worker(p: Process) -> None:
+    """Every workflow and activity on one task queue, until stop."""
+    built = build_worker(
+        p.client,
+        KubeActivities(p.kube).all(),
+        task_queue=p.settings.task_queue,
+        max_activity_threads=p.settings.activity_threads,
     )
+    settings = p.settings
     log.info(
         "worker polling %s on %s (%s)", settings.task_queue, settings.temporal_address, settings.temporal_namespace
     )
-    async with worker:
-        await stop.wait()
+    async with built:
+        await p.stop.wait()
 
 
-async def worker_role(settings: Settings) -> int:
+async def provider(p: Process) -> None:
+    """The externalgrpc CloudProvider server, until stop; it answers UNAVAILABLE while Temporal is unreachable."""
+    settings = cast(ProviderSettings, p.settings)
+    built = CloudProvider.build(settings, p.client, p.kube, temporal_unreachable=p.temporal.describe)
+    await serve_provider(settings, built, p.stop)
+
+
+async def watch(p: Process) -> None:
+    """The watchers and the report writer, until stop; ready once every watch has listed."""
+    settings = cast(WatchSettings, p.settings)
+    watchers = build_watchers(settings, p.client, p.kube)
+    p.health.add(Probe("watches", watchers.not_ready))
+    p.health.alive = lambda: "" if watchers.alive() else "a watch thread stopped"
+    await watchers.run(p.stop, renew_every=settings.lease_renew_seconds)
+
+
+Role = Callable[[Process], Coroutine[Any, Any, None]]
+# The roles each command runs in one process (run is the homelab default: all three on one client).
+ROLES: dict[str, tuple[Role, ...]] = {
+    "worker": (worker,),
+    "provider": (provider,),
+    "watch": (watch,),
+    "run": (worker, provider, watch),
+}
+
+
+async def compose(
+    settings: Settings, roles: tuple[Role, ...], stop: asyncio.Event, *, extra: list[Awaitable[Any]] | None = None
+) -> int:
+    """The one place that connects: a Temporal client and an adapter, the health endpoints with Temporal and the
+    API server as readiness probes, then the roles; the first role to fail stops the rest.
+    """
     client = await checked_client(settings)
     if client is None:
         return 2
     kube = Kube.for_settings(settings)
+    health = HealthServer(settings.health_host, settings.health_port)
+    temporal = Reachability(
+        f"Temporal at {settings.temporal_address}",
+        lambda: client.service_client.check_health(timeout=timedelta(seconds=PING_TIMEOUT)),
+    )
+    api = Reachability("the Kubernetes API server", lambda: asyncio.to_thread(kube.ping, PING_TIMEOUT))
+    health.add(temporal.probe())
+    health.add(api.probe())
+    process = Process(settings, client, kube, stop, health, temporal)
+    port = await health.start()
+    log.info("health endpoints on %s:%d (/healthz, /readyz)", settings.health_host, port)
+    monitors = [asyncio.create_task(m.run(stop), name=f"ping {m.name}") for m in (temporal, api)]
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(role(process)) for role in roles]
+    tasks += [asyncio.ensure_future(e) for e in extra or []]
     try:
-        await run_worker(settings, client, kube, stop_on_signals())
-    finally:
-        kube.close()
-    return 0
-
-
-async def run_all(settings: RunSettings, stop: asyncio.Event, *, extra: list[Awaitable[Any]] | None = None) -> int:
-    """Worker, provider and watchers on one client and one adapter; the first role to fail stops the rest."""
-    client = await checked_client(settings)
-    if client is None:
-        return 2
-    kube = Kube.for_settings(settings)
-    roles = [
-        asyncio.create_task(run_worker(settings, client, kube, stop), name="worker"),
-        asyncio.create_task(serve_provider(settings, client=client, kube=kube, stop=stop), name="provider"),
-        asyncio.create_task(run_watch(settings, client=client, kube=kube, stop=stop), name="watch"),
-        *(asyncio.ensure_future(e) for e in extra or []),
-    ]
-    try:
-        done, _ = await asyncio.wait(roles, return_when=asyncio.FIRST_EXCEPTION)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = [t for t in done if not t.cancelled() and t.exception() is not None]
         for task in failed:
-            log.error("%s stopped: %s", task.get_name(), task.exception())
+            log.error("a role stopped: %s", task.exception())
         return 1 if failed else 0
     finally:
         stop.set()
-        for task in roles:
+        for task in [*tasks, *monitors]:
             if not task.done():
                 task.cancel()
-        await asyncio.gather(*roles, return_exceptions=True)
+        await asyncio.gather(*tasks, *monitors, return_exceptions=True)
+        await health.stop()
         kube.close()
 
 
-async def run_role(settings: RunSettings) -> int:
-    return await run_all(settings, stop_on_signals())
+async def run_command(command: str, settings: Settings) -> int:
+    """`worker`, `provider`, `watch` or `run`: its roles in this process until SIGINT/SIGTERM."""
+    return await compose(settings, ROLES[command], stop_on_signals())
 
 
 # --- dev ---------------------------------------------------------------------------------------------------------
@@ -250,7 +299,7 @@ async def dev_role(settings: DevSettings) -> int:
         if settings.demo:
             client = await connect(run_settings)
             extra.append(demo_task(client, settings.provider_address, server.ui_url, settings.temporal_namespace))
-        return await run_all(run_settings, stop, extra=extra)
+        return await compose(run_settings, ROLES["run"], stop, extra=extra)
     finally:
         if lab is not None:
             await asyncio.to_thread(lab.stop)

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     kube_context: str | None = None
     kube_timeout_seconds: float = Field(10.0, gt=0, le=120)
     activity_threads: int = Field(16, ge=1, le=256)
+    health_host: str = Field("127.0.0.1", description="address of the /healthz and /readyz endpoints")
+    health_port: int = Field(8081, ge=0, le=65535, description="port of the health endpoints (0 picks a free one)")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: str = Field("text", pattern="^(text|json)$", description="plain text or one JSON object per line")
 

@@ -152,6 +152,10 @@ class Kube:
             timeout=timeout if timeout is not None else settings.kube_timeout_seconds,
         )
 
+    def ping(self, timeout: float) -> None:
+        """One cheap request (the server's version) that raises unless the API server answers within `timeout`."""
+        self._call("read the API server's version", k8s.VersionApi(self.api_client).get_code, _request_timeout=timeout)
+
     def close(self) -> None:
         self.api_client.close()
 

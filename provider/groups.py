@@ -15,7 +15,13 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import grpc
-from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -116,6 +122,13 @@ class GroupGateway:
                 )
             except WorkflowUpdateFailedError as err:
                 raise _refusal(ref, name, err) from err
+            except RPCTimeoutOrCancelledError as err:
+                # The group may still take it; it takes an Update whole or not at all, and TargetSize says which.
+                raise ProviderError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"group {ref.group}: {name} not answered within {timeout:.2f} s; it is applied whole or not at "
+                    "all, and the next TargetSize says which",
+                ) from err
             except RPCError as err:
                 raise _rpc_failure(ref, f"update {name}", err) from err
             return result

@@ -1,7 +1,7 @@
 """The gRPC server: the CloudProvider service (plus reflection) on one address, mTLS when certificates are given.
 
-`serve(settings)` is the whole `homelab-autoscaler provider` process. `start(...)` is the same server built
-around a Temporal client and a Kubernetes adapter the caller already has (the combined `run` role, tests).
+`serve(settings, provider, stop)` is the `provider` role; the composition root (`homelab_autoscaler.roles`) builds
+the provider on the process's Temporal client and Kubernetes adapter. `start(...)` binds it (tests use it alone).
 """
 
 from __future__ import annotations
@@ -9,16 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
 from grpc_reflection.v1alpha import reflection
-from temporalio.client import Client
 
-from homelab_autoscaler.temporal import connect
-from kube.adapter import Kube
 from proto import externalgrpc_pb2 as pb
 from provider.service import CloudProvider, method_handlers
 from provider.settings import ProviderSettings
@@ -79,37 +75,16 @@ async def start(settings: ProviderSettings, provider: CloudProvider) -> Running:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: ProviderSettings, client: Client, kube: Kube) -> AsyncIterator[Running]:
+async def running(settings: ProviderSettings, provider: CloudProvider) -> AsyncIterator[Running]:
     """The server for the span of a `with`, stopped gracefully (in-flight calls get `GRACE_SECONDS`)."""
-    up = await start(settings, CloudProvider.build(settings, client, kube))
+    up = await start(settings, provider)
     try:
         yield up
     finally:
         await up.server.stop(GRACE_SECONDS)
 
 
-async def serve(
-    settings: ProviderSettings,
-    *,
-    client: Client | None = None,
-    kube: Kube | None = None,
-    stop: asyncio.Event | None = None,
-) -> None:
-    """Run the provider until SIGINT/SIGTERM (or `stop`), connecting to Temporal and Kubernetes if not given."""
-    if client is None:
-        client = await connect(settings)
-    owned = kube is None
-    if kube is None:
-        # A read must fit inside one call's budget, or cluster-autoscaler gives up first.
-        kube = Kube.for_settings(settings, timeout=min(settings.kube_timeout_seconds, settings.rpc_timeout_seconds))
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        async with running(settings, client, kube):
-            await stop.wait()
-    finally:
-        if owned:
-            kube.close()
+async def serve(settings: ProviderSettings, provider: CloudProvider, stop: asyncio.Event) -> None:
+    """The `provider` role: serve until `stop` (the composition root hands it the provider, built on its client)."""
+    async with running(settings, provider):
+        await stop.wait()

@@ -76,12 +76,16 @@ def _call(what: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
                 return answer
             except e.ProviderError as err:
                 code, text = err.code, err.message
-            except TimeoutError:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                text = f"{name}: no answer within {budget:.2f} s while {what}; nothing further was attempted"
-            except Exception:
-                log.exception("%s failed on %s", name, _brief(request))
-                text = f"{name} failed unexpectedly; see the provider's log"
+            except Exception as err:
+                unreachable = self.temporal_unreachable()
+                if unreachable:  # not slow, not broken: down. cluster-autoscaler retries UNAVAILABLE
+                    code, text = grpc.StatusCode.UNAVAILABLE, f"{name}: {unreachable}; nothing was changed"
+                elif isinstance(err, TimeoutError):
+                    code = grpc.StatusCode.DEADLINE_EXCEEDED
+                    text = f"{name}: no answer within {budget:.2f} s while {what}; nothing further was attempted"
+                else:
+                    log.exception("%s failed on %s", name, _brief(request))
+                    text = f"{name} failed unexpectedly; see the provider's log"
             loud = code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED)
             level = logging.ERROR if loud else logging.INFO
             log.log(level, "%s -> %s: %s", name, code.name, text)
@@ -162,18 +166,26 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
         catalog: Catalog,
         groups: GroupGateway,
         metrics: CallMetrics | None = None,
+        temporal_unreachable: Callable[[], str] = lambda: "",
     ) -> None:
         self.settings = settings
         self.catalog = catalog
         self.groups = groups
         self.metrics = metrics or CallMetrics()
+        self.temporal_unreachable = temporal_unreachable  # "" while Temporal answers, else why it does not
 
     @classmethod
-    def build(cls, settings: ProviderSettings, client: Client, kube: Any) -> CloudProvider:
+    def build(
+        cls,
+        settings: ProviderSettings,
+        client: Client,
+        kube: Any,
+        temporal_unreachable: Callable[[], str] = lambda: "",
+    ) -> CloudProvider:
         catalog = Catalog(kube, settings.namespaces, ttl=settings.catalog_ttl_seconds)
         runtime = client.service_client.config.runtime or Runtime.default()
         metrics = CallMetrics(meter=runtime.metric_meter)
-        return cls(settings, catalog, GroupGateway(client, settings.task_queue), metrics)
+        return cls(settings, catalog, GroupGateway(client, settings.task_queue), metrics, temporal_unreachable)
 
     def budget(self, context: grpc.aio.ServicerContext) -> float:
         """This call's time: the configured budget, shortened to fit the caller's own deadline."""

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 
+from homelab_autoscaler.health import HealthServer, Probe
 from homelab_autoscaler.sim.emulator import EmulatorServer
 from kube.adapter import Kube
 from tests.test_report import NS, Quiet, World
-from watchers.health import HealthServer
 from watchers.leader import LeaderElector
 from watchers.main import Watchers
 from watchers.settings import WatchSettings
@@ -103,7 +103,8 @@ async def test_two_replicas_only_the_leader_writes_and_signals(emulator: Emulato
 async def test_health_endpoints(emulator: EmulatorServer, kube: Kube) -> None:
     World(emulator).slot("s1")
     w = Watchers(kube, Quiet(), namespaces=[NS])
-    health = HealthServer("127.0.0.1", 0, alive=w.alive, ready=lambda: w.ready)
+    health = HealthServer("127.0.0.1", 0, alive=lambda: "" if w.alive() else "stopped")
+    health.add(Probe("watches", w.not_ready))
     port = await health.start()
     try:
         async with aiohttp.ClientSession() as http:
@@ -111,6 +112,7 @@ async def test_health_endpoints(emulator: EmulatorServer, kube: Kube) -> None:
                 assert resp.status == 200
             async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
                 assert resp.status == 503, "not ready before every watch listed"
+                assert "watches: not listed yet" in await resp.text()
             await w.pump()
             async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
                 assert resp.status == 200

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -245,6 +246,42 @@ async def test_fifty_concurrent_increases_of_one_on_ten_slots() -> None:
         assert len(live) == 10
         assert len({d["slot"] for d in live}) == 10, "two live claims on one slot"
         assert sorted(i.id for i in await p.instances()) == sorted(pid(f"s{i:02d}") for i in range(10))
+
+
+async def test_a_hundred_callers_on_two_replicas_all_answer_in_time_and_exactly_the_slots_are_taken() -> None:
+    """Two provider replicas over one group, 100 concurrent IncreaseSize(1) on 10 slots, and a burst of 10: every
+    call answers inside cluster-autoscaler's deadline, OK or a refusal naming why, never a timeout or an error.
+    """
+    async with serving(homelab([slot(f"s{i:02d}") for i in range(10)], maxSize=10)) as p:
+        p.lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+        settings = provider_settings(p.lab)
+        second = await start(settings, CloudProvider.build(settings, p.lab.client, p.lab.kube))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+                stubs = [p.stub, pb_grpc.CloudProviderStub(channel)]
+
+                async def one(i: int, delta: int = 1) -> tuple[S, float]:
+                    started = time.monotonic()
+                    try:
+                        await stubs[i % 2].NodeGroupIncreaseSize(
+                            pb.NodeGroupIncreaseSizeRequest(id="g", delta=delta), timeout=CA_DEADLINE
+                        )
+                    except grpc.aio.AioRpcError as err:
+                        return err.code(), time.monotonic() - started
+                    return S.OK, time.monotonic() - started
+
+                results = await asyncio.gather(*(one(i) for i in range(100)), one(0, 10), one(1, 10))
+        finally:
+            await second.server.stop(1)
+        codes = [code for code, _ in results]
+        assert codes.count(S.OK) == 10, codes
+        assert set(codes) <= {S.OK, S.FAILED_PRECONDITION, S.RESOURCE_EXHAUSTED}, codes
+        assert max(spent for _, spent in results) < CA_DEADLINE
+        assert await p.target() == 10
+        snap = await p.lab.snapshot()
+        assert len({d["slot"] for d in snap["claims"].values()}) == 10 == len(snap["claims"])
 
 
 # --- bad input -------------------------------------------------------------------------------------------

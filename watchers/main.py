@@ -1,4 +1,4 @@
-"""The `watch` role: five watches, one dispatcher, the report writer, a Lease, and the health endpoints.
+"""The `watch` role: five watches, one dispatcher, the report writer and a Lease, as one object.
 
 `Watchers` is the whole role as one object. `pump()` drives it deterministically (every source drained in
 a fixed order, events handled until nothing new arrives), which is what tests and the initial sync use;
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,6 @@ from temporalio.client import Client
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, Resource
 from watchers.cluster import Cluster
 from watchers.dispatch import Dispatcher
-from watchers.health import HealthServer
 from watchers.leader import LeaderElector
 from watchers.report import ReportWriter
 from watchers.settings import WatchSettings
@@ -80,6 +78,11 @@ class Watchers:
 
     def alive(self) -> bool:
         return not self._threads or all(t.is_alive() for t in self._threads)
+
+    def not_ready(self) -> str:
+        """The readiness probe: "" once every watch has listed, else which have not."""
+        waiting = [s.name for s in self.sources if not s.synced]
+        return f"not listed yet: {', '.join(waiting)}" if waiting else ""
 
     async def lead(self, now: datetime | None = None) -> bool:
         """Tick the Lease (when there is one) and start or stop acting accordingly; True while acting."""
@@ -192,21 +195,8 @@ class Watchers:
         self._threads.clear()
 
 
-async def run_watch(
-    settings: WatchSettings,
-    *,
-    client: Client | None = None,
-    kube: Kube | None = None,
-    stop: asyncio.Event | None = None,
-) -> None:
-    """The `homelab-autoscaler watch` role: runs until SIGINT/SIGTERM (or `stop`); `run` lends its client and kube."""
-    from homelab_autoscaler.temporal import connect
-
-    owned = kube is None
-    if kube is None:
-        kube = Kube.for_settings(settings)
-    if client is None:
-        client = await connect(settings)
+def build_watchers(settings: WatchSettings, client: Client, kube: Kube) -> Watchers:
+    """The `watch` role as the composition root hands it its client and adapter: watches, signals, the Lease."""
     elector = LeaderElector(
         kube,
         settings.lease_namespace,
@@ -214,7 +204,7 @@ async def run_watch(
         settings.identity,
         timedelta(seconds=settings.lease_duration_seconds),
     )
-    watchers = Watchers(
+    return Watchers(
         kube,
         Signals(client, settings.task_queue),
         namespaces=settings.namespaces,
@@ -222,27 +212,3 @@ async def run_watch(
         window=settings.watch_window_seconds,
         resync=timedelta(seconds=settings.resync_seconds),
     )
-    health = HealthServer(
-        settings.health_host, settings.health_port, alive=watchers.alive, ready=lambda: watchers.ready
-    )
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-    port = await health.start()
-    log.info(
-        "watchers up: health on %s:%d, lease %s/%s as %s",
-        settings.health_host,
-        port,
-        settings.lease_namespace,
-        settings.lease_name,
-        settings.identity,
-    )
-    try:
-        await watchers.run(stop, renew_every=settings.lease_renew_seconds)
-    finally:
-        await health.stop()
-        if owned:
-            kube.close()

@@ -24,8 +24,6 @@ class WatchSettings(Settings):
         default_factory=list,
         description="namespaces whose Groups, slots, claims and Jobs are watched; empty means every namespace",
     )
-    health_host: str = Field("127.0.0.1", description="address of the /healthz and /readyz endpoints")
-    health_port: int = Field(8081, ge=0, le=65535, description="port of the health endpoints (0 picks a free one)")
     lease_namespace: str = Field("homelab-autoscaler-system", min_length=1)
     lease_name: str = Field("homelab-autoscaler-watch", min_length=1)
     lease_duration_seconds: float = Field(15.0, gt=0, le=600, description="a silent leader is replaced after this")
