@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds proto histories e2e soak bytecode clean
+.PHONY: test run lint typecheck unit crds proto histories e2e soak chaos bytecode clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ SOAK_MINUTES ?= 30
 soak: $(STAMP)
 	MODEL_BUDGET_SECONDS=$$(( $(SOAK_MINUTES) * 60 )) MODEL_STEPS=$${MODEL_STEPS:-60} \
 		$(BIN)/pytest -q -s -p no:cacheprovider tests/test_model.py
+
+# The chaos suite (tests/chaos.py): the roles as processes, kill -9s, API faults, a Temporal outage; prints the table.
+CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
 e2e: $(STAMP)

@@ -286,7 +286,10 @@ class KubeActivities:
         what = f"record claim {w.namespace}/{w.name}"
         with _mapped(what):
             try:
-                written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(w.status)}, status=True)
+                if w.revision:
+                    written = self.kube.project_claim_status(w.namespace, w.name, w.status, w.revision)
+                else:  # a generation-2 claim's projection: unnumbered
+                    written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(w.status)}, status=True)
                 if w.spec:
                     written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"spec": dict(w.spec)})
                 if w.release_finalizer:

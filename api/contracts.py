@@ -182,6 +182,7 @@ class StatusWrite:
     event_message: str = ""
     warning: bool = False
     release_finalizer: bool = False  # the claim's last write: nothing more will be done for its machine
+    revision: int = 0  # the workflow's number for this projection: a stored later one is never overwritten
 
 
 @dataclass(frozen=True)

@@ -670,6 +670,9 @@ class NodeClaimStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
     finished_at: Time | None = None
     message: str | None = None
+    revision: int | None = Field(
+        default=None, ge=0, description="The workflow's number for this projection; an older one never lands over it."
+    )
 
 
 # --- resources -----------------------------------------------------------------------------------------

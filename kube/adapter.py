@@ -299,10 +299,14 @@ class Kube:
         namespace: str | None,
         name: str,
         change: Callable[[JSON], JSON | None],
+        *,
+        status: bool = False,
     ) -> JSON:
         """Compare-and-set: read, compute a merge patch from the object, write it guarded by the resourceVersion.
 
-        `change` returns None when the object already holds what is wanted (then nothing is written).
+        `change` returns None when the object already holds what is wanted (then nothing is written). A write that
+        arrives late (its client gave up, the server took it anyway) finds the object moved on and is refused,
+        instead of putting back an older state.
         """
         for _ in range(CAS_ATTEMPTS):
             obj = self._get(res, namespace, name)
@@ -311,7 +315,7 @@ class Kube:
                 return obj
             patch.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
             try:
-                return self._patch(res, namespace, name, patch)
+                return self._patch(res, namespace, name, patch, status=status)
             except Conflict:
                 continue
         raise Conflict(f"{res.kind} {name}: still conflicting after {CAS_ATTEMPTS} compare-and-set attempts")
@@ -457,10 +461,32 @@ class Kube:
         return self.list_raw(KUBELET_NODES, None, selector)[0]
 
     def cordon(self, name: str) -> JSON:
-        return self._patch(KUBELET_NODES, None, name, {"spec": {"unschedulable": True}})
+        return self._set_unschedulable(name, True)
 
     def uncordon(self, name: str) -> JSON:
-        return self._patch(KUBELET_NODES, None, name, {"spec": {"unschedulable": None}})
+        return self._set_unschedulable(name, None)
+
+    def _set_unschedulable(self, name: str, value: bool | None) -> JSON:
+        """Cordon or uncordon by compare-and-set: a late uncordon never undoes a newer cordon (or the reverse)."""
+
+        def change(obj: JSON) -> JSON | None:
+            held = (obj.get("spec") or {}).get("unschedulable") or None
+            return None if held == value else {"spec": {"unschedulable": value}}
+
+        return self._cas(KUBELET_NODES, None, name, change)
+
+    def project_claim_status(self, namespace: str, name: str, status: Mapping[str, Any], revision: int) -> JSON:
+        """Write a claim's status unless the stored one is of the same or a later revision (its workflow numbers
+        every projection): a retried or late-arriving write can never put back an older claim state.
+        """
+
+        def change(obj: JSON) -> JSON | None:
+            held = (obj.get("status") or {}).get("revision")
+            if isinstance(held, int) and held >= revision:
+                return None
+            return {"status": {**dict(status), "revision": revision}}
+
+        return self._cas(CLAIMS, namespace, name, change, status=True)
 
     def stamp_taints(self, name: str, taints: Iterable[Mapping[str, Any]]) -> JSON:
         """Add taints (matched by key and effect); the ones already there are kept as they are."""

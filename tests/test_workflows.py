@@ -94,6 +94,9 @@ async def test_node_never_registers() -> None:
 async def test_readiness_gate_times_out_then_forced_shutdown_and_next_attempt() -> None:
     async with open_lab(homelab([slot("s1", taintNeverClears=True)])) as lab:
         name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        # Someone cordons the new node meanwhile: the gate's timeout uncordons it anyway.
+        lab.lab.call(lambda h: h.emulator.patch_object("v1", "nodes", None, "s1", {"spec": {"unschedulable": True}}))
         st = await lab.wait_phase(name, "failed", within=8 * MIN, step=15)
         assert st["reason"] == "ReadinessGateTimeout"
         assert uncordoned_before_cordoned(lab, "s1"), "uncordoned anyway, before the forced shutdown cordons it"

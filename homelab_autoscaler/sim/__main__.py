@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from homelab_autoscaler.sim.chaos import Chaos, ChaosSettings
 from homelab_autoscaler.sim.homelab import HomelabServer
 from homelab_autoscaler.sim.homelab_spec import HomelabSpecError, load_homelab_spec
 
@@ -30,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         "--time-scale", type=float, default=1.0, help="multiply every delay of the file (0: all synchronous)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what every machine does")
+    chaos = parser.add_argument_group("chaos (the chaos suite's knobs; all off by default)")
+    chaos.add_argument("--chaos-seed", type=int, default=0, help="seed of the random faults")
+    chaos.add_argument("--fault-rate", type=float, default=0.0, help="fraction of API requests that fail")
+    chaos.add_argument("--slow-seconds", type=float, default=12.0, help="how slow a 'timeout' answer is")
+    chaos.add_argument("--drop-watches-every", type=float, default=0.0, help="seconds between ends of every watch")
+    chaos.add_argument("--compact-every", type=float, default=0.0, help="seconds between history compactions")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     if args.verbose:
@@ -41,7 +48,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    settings = ChaosSettings(
+        seed=args.chaos_seed,
+        fault_rate=args.fault_rate,
+        slow_seconds=args.slow_seconds,
+        drop_watches_every=args.drop_watches_every,
+        compact_every=args.compact_every,
+    )
     with HomelabServer(spec, port=args.port, host=args.host, time_scale=args.time_scale) as lab:
+        lab.call(lambda homelab: Chaos(homelab.emulator, homelab, settings).install())
         slots = ", ".join(f"{slot.name} ({slot.group})" for slot in spec.slots)
         print(f"Simulated homelab serving the Kubernetes API on {lab.url}", flush=True)
         print(f"  namespace {spec.namespace}; slots: {slots}", flush=True)

@@ -93,6 +93,8 @@ Obj = dict[str, Any]
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the API server's own alphabet (no vowels)
 _WATCH_TRUE = frozenset({"true", "1", "True", "TRUE", "yes"})
+# Paths under this prefix are the simulator's own controls (see `KubeEmulator.control`), not the Kubernetes API.
+CONTROL_PREFIX = "/_sim/"
 
 
 def format_time(moment: datetime.datetime) -> str:
@@ -220,6 +222,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.requests: list[RequestInfo] = []
         self.listeners: list[Listener] = []
         self.compacted_below: int = 0
+        self.control: dict[str, Callable[[Obj | None], Obj]] = {}  # `/_sim/<name>`: the simulator's own surface
+        self._watch_epoch = 0
         self._rv = 0
         self._logs: dict[ResKey, _Log] = {}
         self._uids: dict[str, tuple[ResKey, ObjKey]] = {}
@@ -328,6 +332,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """End every open watch stream (used before the server stops, so shutdown never hangs)."""
         self._closing = True
         self._wake()
+
+    def drop_watches(self) -> None:
+        """End every open watch stream now, as a restarted API server or a dropped connection does; new ones
+        are served as usual (clients resume from the last resourceVersion they saw)."""
+        self._watch_epoch += 1
+        self._wake()
+
+    def compact(self) -> None:
+        """Forget history, as etcd compaction does: a watch or list resumed from an older version gets 410."""
+        self.compacted_below = self._rv
 
     # ----------------------------------------------------------------------------------------------
     # The core state machine (synchronous: atomic on the event loop).
@@ -600,6 +614,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             body=body,
             content_type=content_type,
         )
+        if raw_request.path.startswith(CONTROL_PREFIX):  # the simulator's own surface: no faults, not logged
+            return self._control(raw_request.path.removeprefix(CONTROL_PREFIX), body_bytes)
         self.requests.append(info)
         if parsed is None:
             discovery = self._discovery(raw_request.path.rstrip("/") or "/")
@@ -617,6 +633,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
         except (PatchError, SelectorError) as exc:
             status, reason = (exc.status, exc.reason) if isinstance(exc, PatchError) else (400, "BadRequest")
             return aiohttp.web.json_response(ApiError(status, reason, str(exc)).body(), status=status)
+
+    def _control(self, name: str, body: bytes) -> aiohttp.web.StreamResponse:
+        handler = self.control.get(name)
+        if handler is None:
+            return aiohttp.web.json_response({"error": f"no control {name!r}"}, status=404)
+        try:
+            arg = json.loads(body) if body else None
+            return aiohttp.web.json_response(handler(arg))
+        except (ValueError, KeyError, TypeError) as exc:
+            return aiohttp.web.json_response({"error": str(exc)}, status=400)
 
     def _discovery(self, path: str) -> Obj | None:
         """Legacy discovery documents (kubectl falls back to them from aggregated discovery).
@@ -1049,8 +1075,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         wakeup = asyncio.Event()
         self._wakeups.add(wakeup)
         log = self._logs[spec.key]
+        epoch = self._watch_epoch
         try:
-            while not self._closing:
+            while not self._closing and epoch == self._watch_epoch:
                 wakeup.clear()
                 if last < log.dropped_upto:  # this watcher fell behind the bounded log
                     await send("ERROR", ApiError(410, "Expired", f"too old resource version: {last}").body())

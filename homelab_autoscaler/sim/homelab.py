@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -95,6 +96,7 @@ class Machine:
     stage: Stage = Stage.OFF
     epoch: int = 0  # bumped by every power change; cancels steps scheduled before it
     readiness_taints: list[Obj] = field(default_factory=list)
+    running_jobs: set[str] = field(default_factory=set)  # lifecycle Jobs started and not yet ended
 
     @property
     def power(self) -> Power:
@@ -194,6 +196,7 @@ class Homelab:
         self.spec = spec
         self.time_scale = time_scale
         self.history: list[HomelabEvent] = []
+        self.stats: Counter[str] = Counter()  # what the machines went through (the chaos suite reads it)
         self._loop = loop
         self._timers: set[asyncio.TimerHandle] = set()
         self.machines: dict[str, Machine] = {}
@@ -354,6 +357,9 @@ class Homelab:
         """Emulator listener: only the creation of a lifecycle Job starts anything."""
         if kind == "ADDED" and spec.key == _JOBS:
             self._on_job(obj)
+        elif kind == "DELETED" and spec.key == _JOBS:
+            for machine in self.machines.values():
+                machine.running_jobs.discard(str((obj.get("metadata") or {}).get("name")))
 
     def _on_job(self, job: Obj) -> None:
         meta = job.get("metadata") or {}
@@ -368,6 +374,11 @@ class Homelab:
         started = self._now()
         self._job_status(name, uid, {"startTime": started, "active": 1})
         self._record(machine, "job-started", f"{job_type} {name}")
+        self.stats[f"{job_type} jobs"] += 1
+        if machine.running_jobs:  # two lifecycle Jobs on one machine at once: someone lost track of a boot
+            self.stats["overlapping jobs"] += 1
+            self._record(machine, "jobs-overlap", f"{name} while {sorted(machine.running_jobs)}")
+        machine.running_jobs.add(name)
         # activeDeadlineSeconds is enforced in real time only: a zero-delay homelab never waits on a clock
         deadline = (job.get("spec") or {}).get("activeDeadlineSeconds") if self._realtime(machine) else None
         if machine.faults.job_hangs or (deadline and deadline < machine.timings.job_seconds):
@@ -389,6 +400,9 @@ class Homelab:
         if self._current_job(name, uid) is None:
             return False
         self.emulator.patch_object("batch/v1", "jobs", self.spec.namespace, name, {"status": status}, "status")
+        if status.get("conditions"):  # it ended
+            for machine in self.machines.values():
+                machine.running_jobs.discard(name)
         return True
 
     def _finish_job(self, machine: Machine, name: str, uid: str | None, job_type: JobType) -> None:

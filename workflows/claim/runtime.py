@@ -153,6 +153,7 @@ class ClaimRuntime(SlotVerbs):
         if self.s.resource_gone:
             return
         seed = self.s.seed
+        self.s.revision += 1
         try:
             await self.write(
                 c.Act.RECORD_CLAIM,
@@ -165,6 +166,7 @@ class ClaimRuntime(SlotVerbs):
                     event_message=message,
                     warning=warning,
                     release_finalizer=release_finalizer,
+                    revision=self.s.revision,
                 ),
                 summary or f"record {self.s.phase} on claim {seed.name}",
             )

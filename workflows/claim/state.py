@@ -60,6 +60,7 @@ class ClaimState:
     powered: bool = False  # our startup Job succeeded, or the claim took a machine already on
     was_seen_on: bool = False  # the machine has been observed on since it was powered
     mark_phase: str = ""  # the phase the claim was in when the mark arrived (a cancel, or a reversal)
+    revision: int = 0  # projections made: each carries its number, so a late one never lands over a newer one
 
     @classmethod
     def from_seed(cls, seed: ClaimSeed) -> ClaimState:

@@ -1,0 +1,654 @@
+"""The chaos suite: the operator's roles as separate processes against a Temporal dev server and the simulated
+homelab, driven through real lifecycles while a seeded schedule kills them, breaks the API and takes Temporal away.
+
+    python -m tests.chaos --lifecycles 50 --kills 20 --outage 60 [--seed N]      (make chaos)
+
+What runs: `temporal server start-dev` on a SQLite file (restarted on it after every kill), the simulated homelab
+(`python -m homelab_autoscaler.sim`, real time, with API faults at a rate, dropped watches and compactions), and
+`homelab-autoscaler worker`, `provider` and `watch`, each its own process, restarted when it dies (as Kubernetes
+restarts a pod). The driver plays cluster-autoscaler over gRPC: it asks for machines, deletes the ones that run,
+and deletes the ones that failed. A schedule drawn from the seed kills (SIGKILL) a role or the Temporal server
+every few seconds, takes Temporal away once for `--outage` seconds (the provider must answer UNAVAILABLE and every
+role's /readyz must fail meanwhile), and applies bad objects mid-run. The homelab's pod specs and Secret names carry
+marker values that must never reach a workflow history or a log line.
+
+After the lifecycles, quiet: faults off, nothing killed, everything settles; then the checks, printed as a table:
+every violation count must be 0. A failing seed reruns the same schedule (`--seed`); process timing is real, so a
+rare interleaving may take a few runs to show again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from api import contracts as c
+from api.names import ClaimReason
+from homelab_autoscaler.devserver import DevServer
+from homelab_autoscaler.temporal import DATA_CONVERTER
+from proto import externalgrpc_pb2 as pb
+from proto import externalgrpc_pb2_grpc as pb_grpc
+from tests.procs import BIN, ROOT, free_port, port_open, wait_for
+
+NS = "homelab-autoscaler-system"
+GROUP = "workers"
+ROLES = ("worker", "provider", "watch")
+LIVE = ("pending", "booting", "ready")
+SETTLE_TIMEOUT = 600.0  # real seconds the quiet spell may take before the checks run anyway
+CA_DEADLINE = 5.0
+BENIGN_TASK_FAILURES = frozenset(
+    {
+        WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
+        WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_STICKY_TASK_QUEUE,
+    }
+)
+
+
+@dataclass
+class Plan:
+    seed: int
+    lifecycles: int = 50
+    kills: int = 20
+    outage: float = 60.0
+    fault_rate: float = 0.05
+    slots: int = 6
+    time_limit: float = 1500.0  # real seconds for the lifecycles; past it the run goes quiet anyway
+
+    @property
+    def markers(self) -> dict[str, str]:
+        """Values planted in the homelab's pod specs and Secret references, which must never leave Kubernetes."""
+        tag = f"{self.seed:x}"
+        return {
+            "env value": f"chaosSecretValue{tag}",
+            "Secret name": f"chaos-secret-{tag}",
+            "image": f"chaos-image-{tag}",
+            "command": f"chaosCommand{tag}",
+        }
+
+
+@dataclass
+class Proc:
+    """A process of the run: started, killed with SIGKILL, restarted; its output appended to one log."""
+
+    name: str
+    args: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                self.args,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Report:
+    plan: Plan
+    lifecycles: int = 0
+    kills: Counter[str] = field(default_factory=Counter)
+    stats: dict[str, int] = field(default_factory=dict)
+    outage: dict[str, Any] = field(default_factory=dict)
+    violations: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    CHECKS = (
+        "duplicate startup Jobs",
+        "lifecycle Jobs overlapping on one machine",
+        "machines on without a live claim",
+        "machines off under a ready claim",
+        "claims whose resource and workflow disagree",
+        "workflows failed, or with a failing task",
+        "slots with two live claims",
+        "secret markers in histories and logs",
+        "provider answers during the outage other than UNAVAILABLE",
+        "roles ready during the outage",
+    )
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.get(check) for check in self.CHECKS)
+
+    def table(self) -> str:
+        kills = ", ".join(f"{role} {n}" for role, n in sorted(self.kills.items())) or "none"
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())) or "none"
+        lines = [
+            f"chaos seed {self.plan.seed}: {self.lifecycles} lifecycles, {sum(self.kills.values())} kills ({kills}),"
+            f" one Temporal outage of {self.plan.outage:.0f} s, {self.seconds:.0f} s in all",
+            f"cluster: {faults}",
+            f"during the outage: provider answered {dict(self.outage.get('codes', {}))},"
+            f" /readyz answered {dict(self.outage.get('readyz', {}))}",
+            "",
+            "| check | violations |",
+            "|---|---|",
+        ]
+        lines += [f"| {check} | {len(self.violations.get(check, []))} |" for check in self.CHECKS]
+        for check in self.CHECKS:
+            for example in self.violations.get(check, [])[:5]:
+                lines.append(f"  {check}: {example}")
+        return "\n".join(lines)
+
+
+class Chaos:
+    def __init__(self, plan: Plan, workdir: Path) -> None:
+        self.plan = plan
+        self.dir = workdir
+        self.rng = random.Random(plan.seed)
+        self.report = Report(plan)
+        self.kube_port, self.provider_port = free_port(), free_port()
+        self.health = {role: free_port() for role in ROLES}
+        self.temporal = DevServer(
+            ip="127.0.0.1",
+            port=free_port(),
+            ui_port=free_port(),
+            db_file=workdir / "temporal.db",
+            headless=True,
+            log_file=workdir / "temporal.log",
+        )
+        self.procs: dict[str, Proc] = {}
+        self.ready_seen: set[str] = set()
+        self.ended: set[str] = set()
+        self.started = 0
+        self.in_outage = False
+        self.quiet = False
+        self.first_seen: dict[str, float] = {}
+        self.temporal_lock = asyncio.Lock()
+
+    # --- setting up ---------------------------------------------------------------------------------------------
+    def homelab_file(self) -> Path:
+        """The example homelab, grown to `slots` machines with fast timings, every pod spec carrying the markers."""
+        m = self.plan.markers
+        pod = {
+            "image": f"registry.invalid/{m['image']}",
+            "command": ["sh", "-c", m["command"]],
+            "env": [
+                {"name": "BMC_PASSWORD", "value": m["env value"]},
+                {"name": "BMC_USER", "valueFrom": {"secretKeyRef": {"name": m["Secret name"], "key": "user"}}},
+            ],
+        }
+        slots = [
+            {
+                "name": f"worker-{i}",
+                "group": GROUP,
+                "startupPodSpec": pod,
+                "shutdownPodSpec": pod,
+                "node": {"labels": {"homelab.dev/pool": GROUP}},
+            }
+            for i in range(1, self.plan.slots + 1)
+        ]
+        doc = {
+            "apiVersion": "sim.homelab-autoscaler.dev/v1",
+            "kind": "Homelab",
+            "namespace": NS,
+            "timings": {
+                "jobSeconds": 1,
+                "bootSeconds": 1,
+                "readySeconds": 1,
+                "taintClearSeconds": 0.5,
+                "shutdownSeconds": 1,
+            },
+            "groups": [{"name": GROUP, "minSize": 0, "maxSize": self.plan.slots, "nodeReadinessTaints": []}],
+            "slots": slots,
+        }
+        path = self.dir / "homelab.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def role(self, role: str) -> Proc:
+        args = [
+            str(BIN / "homelab-autoscaler"),
+            role,
+            "--temporal-address",
+            self.temporal.address,
+            "--kube-server",
+            f"http://127.0.0.1:{self.kube_port}",
+            "--kube-timeout-seconds",
+            "5",
+            "--metrics-address",
+            "",
+            "--health-port",
+            str(self.health[role]),
+        ]
+        if role in ("provider", "watch"):
+            args += ["--namespaces", NS]
+        if role == "provider":
+            args += ["--provider-address", f"127.0.0.1:{self.provider_port}"]
+        if role == "watch":
+            args += ["--lease-namespace", NS, "--lease-duration-seconds", "6", "--lease-renew-seconds", "2"]
+        return Proc(role, args, self.dir / f"{role}.log")
+
+    def sim(self) -> Proc:
+        args = [
+            str(BIN / "python"),
+            "-m",
+            "homelab_autoscaler.sim",
+            "--homelab",
+            str(self.homelab_file()),
+            "--port",
+            str(self.kube_port),
+            "--chaos-seed",
+            str(self.plan.seed),
+            "--fault-rate",
+            str(self.plan.fault_rate),
+            "--slow-seconds",
+            "7",
+            "--drop-watches-every",
+            "20",
+            "--compact-every",
+            "45",
+        ]
+        return Proc("sim", args, self.dir / "sim.log")
+
+    # --- the run ----------------------------------------------------------------------------------------------------
+    async def run(self) -> Report:
+        began = time.monotonic()
+        self.temporal.start()
+        self.procs["sim"] = self.sim()
+        self.procs["sim"].start()
+        wait_for(lambda: port_open(self.kube_port), timeout=30, what="the simulated homelab")
+        for role in ROLES:
+            self.procs[role] = self.role(role)
+            self.procs[role].start()
+        wait_for(lambda: port_open(self.provider_port), timeout=60, what="the provider")
+        self.client = await Client.connect(self.temporal.address, data_converter=DATA_CONVERTER)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{self.provider_port}") as channel:
+                self.stub = pb_grpc.CloudProviderStub(channel)
+                self.killing = asyncio.create_task(self.killer())
+                tasks = [
+                    asyncio.create_task(self.supervise()),
+                    self.killing,
+                    asyncio.create_task(self.bad_objects()),
+                ]
+                try:
+                    await self.autoscaler(began)
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                await self.go_quiet()
+                await self.check()
+        finally:
+            for proc in self.procs.values():
+                proc.stop()
+            self.temporal.stop()
+        self.report.lifecycles = len(self.ended)
+        self.report.seconds = time.monotonic() - began
+        return self.report
+
+    def state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.kube_port}/_sim/state", timeout=10) as resp:
+            return dict(json.loads(resp.read()))
+
+    def control(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.kube_port}/_sim/{name}", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return dict(json.loads(resp.read()))
+
+    async def call(self, method: Any, request: Any) -> tuple[grpc.StatusCode, Any]:
+        try:
+            return grpc.StatusCode.OK, await method(request, timeout=CA_DEADLINE)
+        except grpc.aio.AioRpcError as err:
+            return err.code(), None
+
+    def track(self, state: dict[str, Any]) -> None:
+        """Lifecycles: claims seen ready, then ended (completed, failed or collected)."""
+        present = {cl["name"]: cl for cl in state["claims"]}
+        for name, cl in present.items():
+            if cl["phase"] == "ready":
+                self.ready_seen.add(name)
+            elif cl["phase"] in ("completed", "failed") and name in self.ready_seen:
+                self.ended.add(name)
+        self.ended |= {n for n in self.ready_seen if n not in present}
+
+    async def autoscaler(self, began: float) -> None:
+        """cluster-autoscaler: scale up while lifecycles are owed, delete what runs a little while, and what failed."""
+        while (len(self.ended) < self.plan.lifecycles or not self.killing.done()) and (
+            time.monotonic() - began < self.plan.time_limit
+        ):
+            await asyncio.sleep(0.5)
+            try:
+                self.track(await asyncio.to_thread(self.state))
+            except OSError:
+                continue
+            code, nodes = await self.call(self.stub.NodeGroupNodes, pb.NodeGroupNodesRequest(id=GROUP))
+            if code != grpc.StatusCode.OK:
+                continue
+            now = time.monotonic()
+            doomed = []
+            for inst in nodes.instances:
+                first = self.first_seen.setdefault(inst.id, now)
+                state = inst.status.instanceState
+                errored = inst.status.HasField("errorInfo") and inst.status.errorInfo.errorCode
+                if errored or (state == pb.InstanceStatus.instanceRunning and now - first > 2.0):
+                    doomed.append(inst.id)
+            if doomed:
+                self.first_seen = {k: v for k, v in self.first_seen.items() if k not in doomed}
+                request = pb.NodeGroupDeleteNodesRequest(
+                    id=GROUP, nodes=[pb.ExternalGrpcNode(providerID=i, name=i) for i in doomed]
+                )
+                await self.call(self.stub.NodeGroupDeleteNodes, request)
+            owed = self.plan.lifecycles - len(self.ended)
+            if owed > 0 and len(nodes.instances) < self.plan.slots:
+                delta = min(self.rng.randint(1, 2), self.plan.slots - len(nodes.instances))
+                code, _ = await self.call(
+                    self.stub.NodeGroupIncreaseSize, pb.NodeGroupIncreaseSizeRequest(id=GROUP, delta=delta)
+                )
+                self.started += delta if code == grpc.StatusCode.OK else 0
+
+    async def supervise(self) -> None:
+        """What Kubernetes does for a Deployment: a role that died is started again a moment later."""
+        while True:
+            await asyncio.sleep(1.0)
+            for role in ROLES:
+                if not self.procs[role].alive:
+                    self.procs[role].start()
+            if not self.in_outage:
+                await self.ensure_temporal()
+
+    async def killer(self) -> None:
+        """The schedule: a SIGKILL every few seconds (a role, or the Temporal server), and one long outage."""
+        outage_after = self.rng.randint(1, max(1, self.plan.kills - 1))
+        for i in range(self.plan.kills):
+            await asyncio.sleep(self.rng.uniform(3.0, 8.0))
+            if i == outage_after:
+                await self.outage()
+            victim = self.rng.choice([*ROLES, "temporal"])
+            self.report.kills[victim] += 1
+            if victim == "temporal":
+                self.kill_temporal()
+                await asyncio.sleep(self.rng.uniform(0.5, 2.0))
+                await self.ensure_temporal()
+            else:
+                self.procs[victim].kill()
+                await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+                if not self.procs[victim].alive:
+                    self.procs[victim].start()
+
+    async def ensure_temporal(self) -> None:
+        """Start the Temporal server on its database unless it runs (the supervisor and the killer both ask)."""
+        async with self.temporal_lock:
+            if self.temporal.process is None or self.temporal.process.poll() is not None:
+                await asyncio.to_thread(self.temporal.start)
+
+    def kill_temporal(self) -> None:
+        proc = self.temporal.process
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        self.temporal.process = None
+
+    async def outage(self) -> None:
+        """Temporal gone for `outage` seconds: the provider answers UNAVAILABLE, no role reports itself ready."""
+        self.in_outage = True
+        self.kill_temporal()
+        codes: Counter[str] = Counter()
+        readyz: Counter[str] = Counter()
+        ends = time.monotonic() + self.plan.outage
+        await asyncio.sleep(min(5.0, self.plan.outage / 2))  # a probe notices within a ping or two
+        while time.monotonic() < ends:
+            code, _ = await self.call(self.stub.NodeGroupTargetSize, pb.NodeGroupTargetSizeRequest(id=GROUP))
+            codes[code.name] += 1
+            for role in ROLES:
+                readyz[f"{role} {await asyncio.to_thread(self.readyz, role)}"] += 1
+            await asyncio.sleep(2.0)
+        self.in_outage = False
+        await self.ensure_temporal()
+        # Unreachable is not a failure of the provider's own: a killed provider (connection refused) says nothing.
+        other = {k: v for k, v in codes.items() if k not in ("UNAVAILABLE",)}
+        self.report.outage = {"codes": codes, "readyz": readyz}
+        self.report.violations["provider answers during the outage other than UNAVAILABLE"] = [
+            f"{k} x{v}" for k, v in other.items()
+        ]
+        self.report.violations["roles ready during the outage"] = [k for k in readyz if k.endswith(" 200")]
+
+    def readyz(self, role: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health[role]}/readyz", timeout=3) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as err:
+            return int(err.code)
+        except OSError:
+            return 0  # the process is down (killed, restarting): not ready either
+
+    async def bad_objects(self) -> None:
+        """Mid-run, objects no contract accepts, stored as an older API server would have taken them."""
+        await asyncio.sleep(self.rng.uniform(5.0, 20.0))
+        bad = [
+            ("nodeclaims", _claim("bad-phase", "worker-1", status={"phase": "exploded"})),
+            ("nodeclaims", _claim("no-such-slot", "nowhere")),
+            ("nodeclaims", {"metadata": {"name": "empty-spec", "namespace": NS}, "spec": {"group": GROUP}}),
+            (
+                "groups",
+                {
+                    "metadata": {"name": "absurd", "namespace": NS},
+                    "spec": {"maxSize": 2, "maxNodeProvisionTime": "99999999h"},
+                },
+            ),
+        ]
+        for plural, obj in bad:
+            obj.update({"apiVersion": "infra.homecluster.dev/v2alpha1", "kind": _KINDS[plural]})
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.control, "store", {"plural": plural, "object": obj})
+
+    # --- quiet, then the checks --------------------------------------------------------------------------------
+    async def go_quiet(self) -> None:
+        self.quiet = True
+        with contextlib.suppress(OSError):
+            self.report.stats = self.control("chaos", {"fault_rate": 0, "drop_watches_every": 0, "compact_every": 0})[
+                "stats"
+            ]
+        await self.ensure_temporal()
+        for role in ROLES:
+            if not self.procs[role].alive:
+                self.procs[role].start()
+        ends = time.monotonic() + SETTLE_TIMEOUT
+        while time.monotonic() < ends:
+            await asyncio.sleep(2.0)
+            state = await asyncio.to_thread(self.state)
+            self.track(state)
+            unsettled = [cl for cl in state["claims"] if cl["phase"] in ("pending", "booting") or cl["deleting"]]
+            powered = {s for s, m in state["machines"].items() if m["power"] == "on"}
+            ready = {cl["slot"] for cl in state["claims"] if cl["phase"] == "ready" and not cl["deleting"]}
+            if not unsettled and powered == ready:
+                await asyncio.sleep(10.0)  # and it stays so
+                state = await asyncio.to_thread(self.state)
+                if not [cl for cl in state["claims"] if cl["phase"] in ("pending", "booting") or cl["deleting"]]:
+                    break
+        self.final = await asyncio.to_thread(self.state)
+        self.report.stats = {**self.report.stats, **self.final["stats"]}
+
+    async def check(self) -> None:
+        v = self.report.violations
+        state = self.final
+        startup: Counter[str] = Counter(
+            j["labels"].get("infra.homecluster.dev/nodeclaim", "")
+            for j in state["jobs"]
+            if j["labels"].get("type") == "startup"
+        )
+        v["duplicate startup Jobs"] = [f"{claim} x{n}" for claim, n in startup.items() if claim and n > 1]
+        v["lifecycle Jobs overlapping on one machine"] = (
+            [f"{state['stats']['overlapping jobs']} times"] if state["stats"].get("overlapping jobs") else []
+        )
+        live = [cl for cl in state["claims"] if cl["phase"] in LIVE]
+        by_slot = Counter(cl["slot"] for cl in live)
+        v["slots with two live claims"] = [f"{slot} x{n}" for slot, n in by_slot.items() if n > 1]
+        known = {f"worker-{i}" for i in range(1, self.plan.slots + 1)}
+        v["machines on without a live claim"] = [
+            s for s, m in state["machines"].items() if m["power"] == "on" and s in known and s not in by_slot
+        ]
+        v["machines off under a ready claim"] = [
+            cl["name"] for cl in live if cl["phase"] == "ready" and state["machines"][cl["slot"]]["power"] == "off"
+        ]
+        v["claims whose resource and workflow disagree"] = await self.disagreements(state)
+        v["workflows failed, or with a failing task"] = await self.failed_workflows()
+        v["secret markers in histories and logs"] = await self.leaks()
+
+    async def disagreements(self, state: dict[str, Any]) -> list[str]:
+        found = []
+        for cl in state["claims"]:
+            if cl["name"] in ("bad-phase", "no-such-slot", "empty-spec"):
+                continue
+            handle = self.client.get_workflow_handle(c.claim_workflow_id(NS, cl["name"]))
+            try:
+                st = await handle.query("status")
+            except Exception as err:
+                found.append(f"{cl['name']}: no workflow answers ({err})")
+                continue
+            if (cl["phase"] or "pending") != st["phase"]:
+                found.append(f"{cl['name']}: resource {cl['phase']}, workflow {st['phase']}")
+        return found
+
+    async def workflows(self) -> list[Any]:
+        return [w async for w in self.client.list_workflows()]
+
+    async def failed_workflows(self) -> list[str]:
+        found = []
+        reasons = {str(r) for r in ClaimReason}
+        for wf in await self.workflows():
+            handle = self.client.get_workflow_handle(wf.id, run_id=wf.run_id)
+            if wf.status == WorkflowExecutionStatus.FAILED:
+                try:
+                    await handle.result(follow_runs=False)
+                except WorkflowFailureError as err:
+                    cause = err.cause
+                    claim = wf.workflow_type == "NodeClaimWorkflow"
+                    if not (claim and isinstance(cause, ApplicationError) and cause.type in reasons):
+                        found.append(f"{wf.id} failed: {cause!r}")
+            elif wf.status not in (
+                WorkflowExecutionStatus.RUNNING,
+                WorkflowExecutionStatus.COMPLETED,
+                WorkflowExecutionStatus.CONTINUED_AS_NEW,
+            ):
+                found.append(f"{wf.id} ended {wf.status}")
+            history = await handle.fetch_history()
+            for e in history.events:
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    cause = e.workflow_task_failed_event_attributes.cause
+                    if cause not in BENIGN_TASK_FAILURES:
+                        found.append(f"{wf.id}: a workflow task failed ({WorkflowTaskFailedCause.Name(cause)})")
+                        break
+        return found
+
+    async def leaks(self) -> list[str]:
+        """Every history (payloads decoded) and every log line the operator wrote, searched for the markers."""
+        found = []
+        markers = self.plan.markers
+        for wf in await self.workflows():
+            text = _history_text(await self.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
+            found += [f"{what} in the history of {wf.id}" for what, m in markers.items() if m in text]
+        for role in ROLES:
+            text = (self.dir / f"{role}.log").read_text(errors="replace")
+            found += [f"{what} in the {role} log" for what, m in markers.items() if m in text]
+        return found
+
+
+_KINDS = {"nodeclaims": "NodeClaim", "groups": "Group", "nodes": "Node"}
+
+
+def _claim(name: str, slot: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"node": slot, "group": GROUP, "requestedAt": "2026-01-01T00:00:00Z", "call": "Manual"},
+        **extra,
+    }
+
+
+def _history_text(history: Any) -> str:
+    """A history as text, every payload's data decoded (the markers would hide in base64 otherwise)."""
+    decoded: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, str) and "metadata" in node:
+                with contextlib.suppress(ValueError):
+                    decoded.append(base64.b64decode(data).decode("utf-8", "replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    raw = history.to_json()
+    walk(json.loads(raw))
+    return raw + "\n" + "\n".join(decoded)
+
+
+async def run(plan: Plan, workdir: Path | None = None) -> Report:
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        return await Chaos(plan, workdir).run()
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        return await Chaos(plan, Path(tmp)).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED") or random.randrange(2**31)))
+    parser.add_argument("--lifecycles", type=int, default=50)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--outage", type=float, default=60.0, help="seconds of the Temporal outage")
+    parser.add_argument("--fault-rate", type=float, default=0.05, help="fraction of API requests that fail")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the logs and the Temporal database here")
+    args = parser.parse_args(argv)
+    plan = Plan(args.seed, args.lifecycles, args.kills, args.outage, args.fault_rate)
+    print(f"chaos seed {plan.seed} (rerun with --seed {plan.seed})", flush=True)
+    report = asyncio.run(run(plan, args.keep))
+    print(report.table(), flush=True)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
