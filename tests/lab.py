@@ -197,14 +197,20 @@ class Lab:
         if not RECORD:
             return
         HISTORIES.mkdir(exist_ok=True)
-        # The time-skipping server cannot list workflows: record the ones the group knew, and the group.
-        ids = [c.group_workflow_id(NS, "g")]
+        # The time-skipping server cannot list workflows: record the group, every child it started (claims that
+        # ended are gone from its state, not from its history), the claims it still tracks, and what the test adds.
+        group = c.group_workflow_id(NS, "g")
+        ids = [group]
+        for event in (await self.client.get_workflow_handle(group).fetch_history()).events:
+            if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
+                ids.append(event.start_child_workflow_execution_initiated_event_attributes.workflow_id)
         snap = await self.snapshot()
         ids += [c.claim_workflow_id(NS, n) for n in snap["claims"]]
         ids += list(self.extra_history_ids)
         for i, wid in enumerate(dict.fromkeys(ids)):
+            wid, _, run = wid.partition("@")  # "<id>@<run id>": an earlier run (one that continued as new)
             try:
-                hist = await self.client.get_workflow_handle(wid).fetch_history()
+                hist = await self.client.get_workflow_handle(wid, run_id=run or None).fetch_history()
             except Exception:
                 continue
             (HISTORIES / f"{TAG}{test_name}-{i:02d}.json").write_text(hist.to_json())

@@ -8,16 +8,18 @@ must replay the older generations as they are. Deleting one is for a drained, in
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
-import workflows.legacy.v2.claim_workflow as claim_module
+import workflows.claim.claim as claim_module
+import workflows.legacy.v2.claim_workflow as legacy_module
 from api import contracts as c
+from api.names import ClaimPhase
 from homelab_autoscaler.temporal import DATA_CONVERTER, sandbox_runner
-from workflows.legacy.v2.claim_runtime import ClaimRuntime
 from workflows.registry import WORKFLOWS
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -42,21 +44,28 @@ async def test_every_recorded_history_replays() -> None:
         assert result.replay_failure is None, f"{history.workflow_id}: {result.replay_failure}"
 
 
-async def test_a_changed_transition_without_a_patch_fails_replay(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The replay test can fail: a launch that stops adding the finalizer before the startup Job is caught."""
+@pytest.mark.parametrize(
+    ("generation", "module"),
+    [("", legacy_module), ("v3-", claim_module)],
+    ids=["generation-2", "generation-3"],
+)
+async def test_a_changed_transition_without_a_patch_fails_replay(
+    monkeypatch: pytest.MonkeyPatch, generation: str, module: Any
+) -> None:
+    """The replay test can fail, for each generation: a launch that skips the finalizer is caught."""
 
-    async def launch_without_finalizer(rt: ClaimRuntime) -> None:
+    async def launch_without_finalizer(rt: Any) -> None:
         s = rt.s
         job = c.job_name(s.seed.name, "startup", 1)
         await rt.write(
             c.Act.CREATE_JOB, c.JobRequest(s.seed.namespace, s.seed.slot, "startup", 1, s.seed.name, job), job
         )
         s.startup_job = job
-        await rt.move(claim_module.ClaimPhase.BOOTING, message=f"startup Job {job} created")
+        await rt.move(ClaimPhase.BOOTING, message=f"startup Job {job} created")
 
-    monkeypatch.setattr(claim_module, "launch", launch_without_finalizer)
+    monkeypatch.setattr(module, "launch", launch_without_finalizer)
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=UnsandboxedWorkflowRunner())
-    booted = [h for h in histories() if h.workflow_id.startswith("boot_ends_ready") and _is_claim(h)]
+    booted = [h for h in histories() if h.workflow_id.startswith(f"{generation}boot_ends_ready") and _is_claim(h)]
     assert booted
     result = await replayer.replay_workflow(booted[0], raise_on_replay_failure=False)
     assert isinstance(result.replay_failure, workflow.NondeterminismError), result.replay_failure

@@ -449,6 +449,8 @@ async def test_ready_claim_continues_as_new_and_keeps_serving() -> None:
         await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
         st = await lab.wait_phase("s1-long", "completed", within=5 * MIN, step=10)
         assert st["reason"] == "NodeDeleted"
+        wid = c.claim_workflow_id(NS, "s1-long")
+        lab.extra_history_ids = (f"{wid}@{first_run}", wid)
         await lab.record("claim_continue_as_new")
 
 
