@@ -532,11 +532,14 @@ class Kube:
 
         return self._cas(KUBELET_NODES, None, name, change)
 
-    def delete_node(self, name: str) -> bool:
-        """Delete a kubelet Node object; False when it was already gone."""
+    def delete_node(self, name: str, resource_version: str | None = None) -> bool:
+        """Delete a kubelet Node object (only that version of it, when given); False when gone or changed."""
+        options = None
+        if resource_version:
+            options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(resource_version=resource_version))
         try:
-            self._call(f"delete Node {name}", self.core.delete_node, name)
-        except NotFound:
+            self._call(f"delete Node {name}", self.core.delete_node, name, body=options)
+        except (NotFound, Conflict):
             return False
         return True
 

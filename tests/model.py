@@ -325,7 +325,7 @@ class Model:
 
     # --- invariants ----------------------------------------------------------------------------------------------
     def violation(self, what: str) -> Violation:
-        return Violation(f"{what}\nsteps:\n  " + "\n  ".join(self.log[-40:]))
+        return Violation(f"{what}\nsteps:\n  " + "\n  ".join(self.log))
 
     async def check_safety(self) -> None:
         """What holds at every instant, whatever is in flight."""
@@ -478,8 +478,31 @@ class Model:
             if owners and any(claims[n]["phase"] != "ready" or claims[n]["marked"] for n in owners):
                 return f"slot {slot} still has an unsettled claim: {owners}"
             if (power == "on") != bool(owners):
-                return f"slot {slot}'s machine is {power} with live claims {owners}"
+                return f"slot {slot}'s machine is {power} with live claims {owners}\n{await self.picture(slot)}"
         return None
+
+    async def picture(self, slot: str) -> str:
+        """What every party says about one slot: for the failure message, so a report needs no rerun to read."""
+        snap = await self.lab.snapshot()
+        mine = {n: d for n, d in snap["claims"].items() if d.get("slot") == slot}
+        res = self.lab.lab.call(lambda h: h.emulator.get_object(CRD, "nodes", NS, slot))
+        node = self.lab.node(slot)
+        release = self.lab.client.get_workflow_handle(c.release_workflow_id(NS, slot))
+        try:
+            rel = f"{(await release.describe()).status}"
+        except RPCError as err:
+            rel = f"none ({err.status})"
+        jobs = [(j["metadata"]["name"], _job_state(j)) for j in self.lab.jobs(slot)]
+        history = self.lab.lab.call(lambda h: [f"{e.what}({e.detail})" for e in h.history if e.slot == slot])
+        node_deletes = sum(
+            1 for r in self.lab.lab.emulator.requests if r.plural == "nodes" and r.verb == "delete" and r.name == slot
+        )
+        return (
+            f"  group claims on {slot}: {mine}\n  slot status: {(res or {}).get('status')}\n"
+            f"  node: {(node or {}).get('status', {}).get('conditions') if node else None}"
+            f" (deleted by the operator {node_deletes}x; the writer deleted {self.watchers.writer.deleted_nodes})\n"
+            f"  release workflow: {rel}\n  jobs: {jobs}\n  machine: {history}"
+        )
 
     async def check_no_failed_tasks(self) -> None:
         """No workflow task of any workflow here ever failed (a failing task is a workflow stuck on bad data)."""
@@ -505,6 +528,11 @@ class Model:
 
 def _matching(plural: str, verb: str) -> Callable[[RequestInfo], bool]:
     return lambda r: r.plural == plural and r.verb == verb
+
+
+def _job_state(job: dict[str, Any]) -> str:
+    conds = [x["type"] for x in (job.get("status") or {}).get("conditions") or [] if x.get("status") == "True"]
+    return ",".join(conds) or "running"
 
 
 def _rfc3339(when: datetime) -> str:

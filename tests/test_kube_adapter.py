@@ -329,6 +329,17 @@ def test_delete_node(cluster: EmulatorServer, kube: Kube) -> None:
     assert stored(cluster, "v1", "nodes", None, "worker-2") is None
 
 
+def test_delete_node_only_as_read(cluster: EmulatorServer, kube: Kube) -> None:
+    """A Node changed since it was read (a kubelet re-posting it) is not deleted on the strength of that read."""
+    seen = stored(cluster, "v1", "nodes", None, "worker-1")
+    assert seen is not None
+    cluster.call(lambda e: e.patch_object("v1", "nodes", None, "worker-1", {"metadata": {"labels": {"x": "1"}}}))
+    assert kube.delete_node("worker-1", seen["metadata"]["resourceVersion"]) is False
+    assert stored(cluster, "v1", "nodes", None, "worker-1") is not None
+    now = stored(cluster, "v1", "nodes", None, "worker-1")
+    assert kube.delete_node("worker-1", now["metadata"]["resourceVersion"]) is True
+
+
 def test_delete_job(cluster: EmulatorServer, kube: Kube) -> None:
     kube.create_job(NS, a_job("j1"))
     assert kube.delete_job(NS, "j1") is True

@@ -16,7 +16,7 @@ from homelab_autoscaler.sim.emulator import Fault
 from kube.adapter import KUBELET_NODES, Kube
 from kube.errors import NotFound
 from kube.watch import MODIFIED, WatchEvent
-from tests.lab import NS, Lab, homelab, open_lab
+from tests.lab import NS, Lab, homelab, open_lab, status_if
 from watchers.main import Watchers
 from watchers.signals import Signals
 
@@ -295,6 +295,41 @@ async def test_power_off_node_policy_delete_removes_the_node_and_keeps_its_templ
         assert "node.kubernetes.io/unschedulable" not in {t["key"] for t in template.get("taints", [])}
         assert w.writer.deleted_nodes == ["s1"]
         assert slot_status(lab, "s1")["phase"] == "off"
+
+
+async def test_a_node_whose_machine_came_back_before_it_was_deleted_is_kept() -> None:
+    """A kubelet that re-posted its Node (NotReady, booting) is not silent: deleting it would lose the machine.
+
+    A running kubelet never registers a deleted Node again, so the machine would stay on, out of every count.
+    """
+    async with watched(homelab([{"name": "s1"}])) as (lab, w):
+        name = await ready_claim(lab, w)
+        held = Fault(match=lambda r: r.plural == "nodes" and r.verb == "delete", status=503, reason="x", times=None)
+        lab.lab.emulator.faults.append(held)
+        await lab.group().execute_update("delete_nodes", ["s1"])
+        await drive(
+            lab,
+            w,
+            lambda: status_if(lab, name, lambda s: s["phase"] == "completed"),
+            within=10 * MIN,
+            what="claim completed",
+        )
+        lab.lab.emulator.faults.remove(held)
+        lab.lab.set_fault("s1", "kubeletNeverReady", True)  # the kubelet has posted Ready=False, booting
+        lab.lab.power_on_by_hand("s1")
+        for _ in range(3):
+            await w.pump()
+            await lab.advance(30)
+        assert lab.node("s1") is not None, "a booting machine's Node was deleted"
+        lab.lab.set_fault("s1", "kubeletNeverReady", False)
+        await drive(
+            lab,
+            w,
+            lambda: slot_status(lab, "s1").get("powerState") == "on",
+            within=5 * MIN,
+            what="the machine seen on again",
+        )
+        assert lab.node("s1") is not None and w.writer.deleted_nodes == []
 
 
 async def test_kube_errors_are_typed_for_leases() -> None:

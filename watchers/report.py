@@ -317,6 +317,7 @@ class ReportWriter:
             and law.is_terminal(claim_phase(newest))
             and claim_condition(newest, ConditionType.MACHINE_OBSERVED_OFF)
             and seen.power == PowerState.OFF
+            and law.kubelet_silent(node)
         )
         facts = SlotFacts(
             live_claim=None if live is None else str(meta(live).get("name")),
@@ -373,7 +374,7 @@ class ReportWriter:
             self.slot_writes += 1
             self._remember_slot(key, _dump(written))
             if delete_node and node is not None:
-                await self._delete_node(str(meta(node).get("name")))
+                await self._delete_node(node)
             return True
         log.warning("slot %s/%s: report not written, it kept changing under the writer", *key)
         return False
@@ -427,9 +428,15 @@ class ReportWriter:
         log.warning("%s %s/%s cannot be used: %s", kind, ident[1], ref.name, problem)
         return True
 
-    async def _delete_node(self, name: str) -> None:
-        """powerOffNodePolicy Delete: the machine is verified off and its template is kept; the Node goes."""
-        await self._io(self.kube.delete_node, name)
+    async def _delete_node(self, node: JSON) -> None:
+        """powerOffNodePolicy Delete: the machine is verified off and its template is kept; the Node goes.
+
+        Only the Node as read: a kubelet that re-posted it since (a machine switched on again) keeps it, since a
+        running kubelet does not register a deleted Node again and its machine would be lost to the cluster.
+        """
+        name = str(meta(node).get("name"))
+        if not await self._io(self.kube.delete_node, name, str(meta(node).get("resourceVersion") or "") or None):
+            return
         self.cluster.nodes.pop(name, None)
         self.deleted_nodes.append(name)
         log.info("deleted kubelet Node %s: its machine was verified off (powerOffNodePolicy Delete)", name)

@@ -199,6 +199,14 @@ def _ready_status(node: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def kubelet_silent(node: Mapping[str, Any] | None) -> bool:
+    """The node-lifecycle controller says the kubelet stopped posting (Ready=Unknown).
+
+    A booting kubelet posts Ready=False, never Unknown: only a silent Node may be deleted as powered off.
+    """
+    return _ready_status(node) == "Unknown"
+
+
 def power_of(node: Mapping[str, Any] | None) -> PowerState:
     """Observed power: kubelet Ready=True means on; NotReady, Unknown, no condition or no node mean off."""
     return PowerState.ON if _ready_status(node) == "True" else PowerState.OFF
