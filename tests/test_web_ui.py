@@ -4,8 +4,9 @@ Real processes all the way: `DevServer` (the embedded `temporal server start-dev
 attributes), the simulated homelab over HTTP and `homelab-autoscaler worker`. The group `workers` of the example
 homelab grows by three: worker-1 and worker-2 come up `ready`, worker-3 (its startup Job always fails) ends
 `failed`. Chromium (Debian's package, driven over the DevTools Protocol by `tests/cdp.py`) then checks that the
-list shows the claims, that a `ClaimPhase` filter in the URL narrows it, and that a claim's page shows its summary
-and its named timers. Skipped only when Chromium is not installed; `.ci/run` installs it.
+list shows the claims, counts and filters the failed one, shows the phase and reason as columns, that a
+`ClaimPhase` filter in the URL narrows it, and that a claim's page shows its outcome, its summary and its named
+timers. Skipped only when Chromium is not installed; `.ci/run` installs it.
 """
 
 from __future__ import annotations
@@ -197,10 +198,68 @@ async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: P
             )
             await page.screenshot(tmp_path / f"list-{phase}.png")
 
-        # A claim's page: its timeline names the timers the workflow started (each as its own row).
+        # Failed claims close Failed: the header counts them, and its filter lists exactly them.
+        await page.navigate(list_url(demo.server))
+        await page.wait_for_text(
+            lambda t: re.search(rf"\b{len(failed)} FAILED\b", t, re.I) is not None,
+            timeout=UI_WAIT,
+            what=f"the list's header counting {len(failed)} failed workflow(s)",
+        )
+        await page.navigate(list_url(demo.server, 'ExecutionStatus="Failed"'))
+        await page.wait_for_text(
+            lambda t: listed(t) == {cl.workflow_id for cl in failed},
+            timeout=UI_WAIT,
+            what=f"the Failed filter listing exactly {[cl.workflow_id for cl in failed]}",
+        )
+
+        # The phase and reason as columns of the list (Configure Columns, once per browser: docs/operations.md).
+        await page.navigate(list_url(demo.server))
+        await page.wait_for_text(lambda t: everything <= listed(t), timeout=UI_WAIT, what="the workflow list")
+        assert await page.evaluate(
+            "(() => { const b = Array.from(document.querySelectorAll('button'))"
+            ".find(e => (e.getAttribute('aria-label') || '').includes('Configure Columns')); if (!b) return false;"
+            " b.click(); return true; })()"
+        ), "no Configure Columns button on the list"
+        for attribute in ("ClaimPhase", "ClaimReason"):
+            button = f'[data-testid="orderable-list-item-{attribute}-add-button"]'
+            await page.wait_for_text(lambda t, a=attribute: a in t, timeout=UI_WAIT, what=f"{attribute} offered")
+            assert await page.evaluate(
+                f"(() => {{ const b = document.querySelector('{button}');"
+                " if (!b) return false; b.click(); return true; })()"
+            ), f"no button adds the {attribute} column"
+        await page.navigate(list_url(demo.server))
+
+        def rows_say(text: str) -> bool:
+            rows = {m.group(1): m.group(0) for m in re.finditer(rf"(nodeclaim/{NS}/[\w.-]+)\t[^\n]*", text)}
+            return all(
+                cl.workflow_id in rows
+                and f"\t{cl.phase}" in rows[cl.workflow_id]
+                and (cl.phase != "failed" or "\tStartupJobFailed" in rows[cl.workflow_id])
+                for cl in demo.claims
+            )
+
+        await page.wait_for_text(rows_say, timeout=UI_WAIT, what="every claim's row showing its phase (and reason)")
+        await page.screenshot(tmp_path / "list-columns.png")
+
+        # A failed claim's first screen: FAILED, and the reason leading the failure message.
+        gone = failed[0]
+        await page.navigate(workflow_url(demo.server, gone.workflow_id))
+        await page.wait_for_text(
+            lambda t: gone.workflow_id in t and "FAILED" in t and '"message": "StartupJobFailed: startup Job' in t,
+            timeout=UI_WAIT,
+            what=f"the page of {gone.workflow_id} showing FAILED and its reason",
+        )
+        await page.screenshot(tmp_path / "claim-failed.png")
+
+        # A claim's page: its timeline names the timers the workflow started (each as its own row), and its last
+        # move ("record ready on claim ...") is the newest row of the timeline.
         await page.navigate(workflow_url(demo.server, claim.workflow_id))
         await page.wait_for_text(
-            lambda t: claim.workflow_id in t and timers <= {line.strip() for line in t.splitlines()},
+            lambda t: (
+                claim.workflow_id in t
+                and timers <= {line.strip() for line in t.splitlines()}
+                and f"record ready on claim {claim.name}" in t
+            ),
             timeout=UI_WAIT,
             what=f"the timeline of {claim.workflow_id} naming its timers {sorted(timers)}",
         )

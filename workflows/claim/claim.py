@@ -52,7 +52,9 @@ class Claim(ClaimRuntime):
         await workflow.wait_condition(workflow.all_handlers_finished)
         self.details(f"{s.phase} ({s.reason or 'no reason'})")
         if s.phase == ClaimPhase.FAILED:
-            raise ApplicationError(s.message or s.reason, type=s.reason, non_retryable=True)
+            # The reason leads the message: the Web UI shows the message first, the failure type further down.
+            raise ApplicationError(f"{s.reason}: {s.message}" if s.message else s.reason, type=s.reason,
+                                   non_retryable=True)
         return s.digest(workflow_done=True)
 
     async def _lifecycle(self) -> bool:
