@@ -15,8 +15,10 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.expected import ExpectedFailures
 from api.contracts import SEARCH_ATTRIBUTES, TASK_QUEUE
 from homelab_autoscaler.settings import Settings
+from workflows import metrics
 from workflows.registry import WORKFLOWS
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,13 @@ def runtime_for(metrics_address: str | None) -> Runtime | None:
         return None
     if metrics_address not in _RUNTIMES:
         _RUNTIMES[metrics_address] = Runtime(
-            telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_address, durations_as_seconds=True))
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(
+                    bind_address=metrics_address,
+                    durations_as_seconds=True,
+                    histogram_bucket_overrides={metrics.TIME_TO_READY: metrics.TIME_TO_READY_BUCKETS},
+                )
+            )
         )
     return _RUNTIMES[metrics_address]
 
@@ -119,4 +127,5 @@ def build_worker(
         activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=max_activity_threads),
         workflow_runner=sandbox_runner() if sandboxed else UnsandboxedWorkflowRunner(),
         max_cached_workflows=max_cached_workflows,
+        interceptors=[ExpectedFailures()],
     )

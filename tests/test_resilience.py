@@ -236,3 +236,18 @@ async def _no_problem(lab: Lab) -> bool:
 async def _ended(lab: Lab, name: str) -> dict[str, Any] | None:
     st = await lab.status(name)
     return st if st["phase"] in ("completed", "failed") else None
+
+
+# --- 6. a busy API server is one line in the log, not a traceback -------------------------------------------------
+async def test_a_retryable_api_error_is_one_line_in_the_worker_log(caplog: pytest.LogCaptureFixture) -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        busy = Fault(match=lambda r: r.plural == "nodeclaims" and r.verb == "create", status=503, reason="x", times=2)
+        lab.lab.emulator.faults.append(busy)
+        with caplog.at_level(logging.INFO):
+            name = await one_claim(lab)
+            await lab.wait_phase(name, "ready", within=3 * MIN)
+    retried = [r for r in caplog.records if r.name == "activities.expected"]
+    assert len(retried) == 2 and all("create_claim" in r.getMessage() and "503" in r.getMessage() for r in retried)
+    assert all(r.exc_info is None for r in retried)
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING and "create_claim" in r.getMessage()]
+    assert noisy == [], [r.getMessage() for r in noisy]

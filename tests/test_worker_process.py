@@ -54,35 +54,53 @@ async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnviro
             id=c.group_workflow_id(NS, "workers"),
             task_queue=c.TASK_QUEUE,
         )
-        assert await group.execute_update(GroupWorkflow.increase_size, 1) == 1
+        assert await group.execute_update(GroupWorkflow.increase_size, 2) == 2
         snap = await group.query(GroupWorkflow.snapshot)
-        (name,) = snap["claims"]
-        claim = dev_server.client.get_workflow_handle(c.claim_workflow_id(NS, name))
-        # Stand in for the Job watcher (it arrives with the watchers): say the startup Job finished.
+        names = sorted(snap["claims"])
+        assert len(names) == 2, names
         cfg = k8s.Configuration()
         cfg.host = f"http://127.0.0.1:{port}"
+        statuses = []
         with k8s.ApiClient(cfg) as api:
             batch = k8s.BatchV1Api(api)
-            for _ in range(100):
-                jobs = batch.list_namespaced_job(NS, label_selector=f"infra.homecluster.dev/nodeclaim={name}")
-                if jobs.items:
-                    break
-                await asyncio.sleep(0.1)
-            assert jobs.items, "the worker created no startup Job"
-        await claim.signal("job_finished", c.JobFinished(f"{name}-startup", True))
-        for _ in range(150):
-            status = await claim.query("status")
-            if status["phase"] == "ready":
-                break
-            await asyncio.sleep(0.2)
-        assert status["phase"] == "ready", status
+            for name in names:
+                claim = dev_server.client.get_workflow_handle(c.claim_workflow_id(NS, name))
+                # Stand in for the Job watcher (it arrives with the watchers): say the startup Job finished.
+                for _ in range(100):
+                    jobs = batch.list_namespaced_job(NS, label_selector=f"infra.homecluster.dev/nodeclaim={name}")
+                    if jobs.items:
+                        break
+                    await asyncio.sleep(0.1)
+                assert jobs.items, f"the worker created no startup Job for {name}"
+                await claim.signal("job_finished", c.JobFinished(f"{name}-startup", True))
+                for _ in range(150):
+                    status = await claim.query("status")
+                    if status["phase"] == "ready":
+                        break
+                    await asyncio.sleep(0.2)
+                assert status["phase"] == "ready", status
+                statuses.append(status)
         assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
         desc = await claim.describe()
         assert desc.typed_search_attributes.get(SearchAttributeKey.for_keyword(c.SA_PHASE)) == "ready"
         assert await desc.static_summary() == f"claim {name} for slot {status['slot']} in group workers, attempt 1"
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        assert re.search(r'homelab_claim_moves\{group="workers",[^}]*phase="ready"', metrics), metrics[:3000]
-        assert "homelab_claim_time_to_ready" in metrics
+
+        def scrape() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+
+        def ready_gauge(text: str) -> float | None:
+            found = re.search(r"^homelab_claims\{([^}]*)\} (\S+)$", text, re.M)
+            rows = [m for m in re.finditer(r"^homelab_claims\{([^}]*)\} (\S+)$", text, re.M) if 'phase="ready"' in m[1]]
+            return float(rows[0][2]) if found and rows else None
+
+        # The gauge follows every move (a claim's move wakes no loop pass of the group, so it is set on the signal).
+        wait_for(lambda: ready_gauge(scrape()) == 2, timeout=10, what="homelab_claims{phase=ready} to read 2")
+        metrics = scrape()
+        assert re.search(rf'homelab_claims\{{[^}}]*kubernetes_namespace="{NS}"', metrics), metrics[:3000]
+        assert re.search(r'homelab_claim_moves\{[^}]*group="workers",[^}]*phase="ready"', metrics), metrics[:3000]
+        # Boots take minutes: the buckets reach half an hour instead of stopping at 10 s.
+        assert re.search(r'homelab_claim_time_to_ready_bucket\{[^}]*le="1800"', metrics), metrics[:3000]
+        assert re.search(r'homelab_claim_time_to_ready_bucket\{[^}]*le="60"', metrics)
         assert re.search(r'homelab_jobs\{[^}]*outcome="succeeded"[^}]*type="startup"', metrics)
         assert "temporal_workflow_completed" in metrics or "temporal_request" in metrics
 

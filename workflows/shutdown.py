@@ -138,11 +138,11 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
     while True:
         outcome = book.outcome(job)
         if outcome is not None:
-            metrics.job_finished(job_type, outcome)
+            metrics.job_finished(ref.namespace, job_type, outcome)
             return outcome
         remaining = end - host.now()
         if remaining <= timedelta(0):
-            metrics.job_finished(job_type, JOB_OUTCOME_TIMEOUT)
+            metrics.job_finished(ref.namespace, job_type, JOB_OUTCOME_TIMEOUT)
             return JOB_OUTCOME_TIMEOUT
         host.details(f"waiting for {job_type} Job {job} (times out at {end:%H:%M:%S})")
         if await host.wait(

@@ -119,9 +119,9 @@ class ClaimRuntime(SlotVerbs):
             if ConditionType.READY in s.conditions:
                 s.set_condition(ConditionType.READY, False, reason or str(target), message, now)
         self.search_attributes()
-        metrics.claim_moved(s.seed.group, str(target), s.reason)
+        metrics.claim_moved(s.seed.namespace, s.seed.group, str(target), s.reason)
         if target is ClaimPhase.READY:
-            metrics.claim_ready_after(s.seed.group, now - s.seed.requested_at)
+            metrics.claim_ready_after(s.seed.namespace, s.seed.group, now - s.seed.requested_at)
         event = MOVE_EVENTS[target]
         if target is ClaimPhase.FAILED and reason == ClaimReason.SUPERSEDED:
             event = EventReason.CLAIM_SUPERSEDED

@@ -88,7 +88,7 @@ class Group(Verbs):
             await self.flush()
             await self.housekeeping()
             s.forget_failures(self.now())
-            metrics.group_claims(s.name, s.phase_counts())
+            metrics.group_claims(s.namespace, s.name, s.phase_counts())
             if s.loaded and not s.exists:
                 await self.wind_down()
                 return
@@ -360,6 +360,7 @@ class Group(Verbs):
     # --- signals -----------------------------------------------------------------------------------------
     def claim_changed(self, digest: c.ClaimDigest) -> None:
         self.s.remember(digest)
+        metrics.group_claims(self.s.namespace, self.s.name, self.s.phase_counts())  # a move wakes no loop pass
 
     def observe_slot(self, obs: c.SlotObservation) -> None:
         self.s.inbox.append(obs)

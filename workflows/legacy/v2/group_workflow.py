@@ -60,7 +60,7 @@ class LegacyGroup(Verbs):
             while s.inbox:
                 await self.on_observation(s.inbox.pop(0))
             s.forget_failures(self.now())
-            metrics.group_claims(s.name, s.phase_counts())
+            metrics.group_claims(s.namespace, s.name, s.phase_counts())
             if s.loaded and not s.exists:
                 await self.wind_down()
                 return
