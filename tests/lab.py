@@ -68,6 +68,13 @@ class Lab:
     worker: Worker | None = None
     cached_workflows: int = 1000
     sandboxed: bool = True
+    # Real seconds to wait after each skip. The time-skipping server strands a workflow whose task cancels a timer
+    # that fired while the task was with the worker (it refuses the completion, "invalid history builder state for
+    # action", and never hands the task out again: temporalio/sdk-java#3088). Between skips its clock runs at real
+    # pace, so a timer a workflow started just after one skip landed is due just after the next one of the same
+    # length lands; a signal sent at once then races it. A driver that signals right after every skip (the model)
+    # lets such timers fire first. The real server retries that task instead (the chaos suite runs on it).
+    settle_after_skip: float = 0.0
 
     async def restart_worker(self) -> None:
         """Stop the worker (its running activities finish first) and start a fresh one: a worker restart."""
@@ -99,6 +106,8 @@ class Lab:
                 raise
             await asyncio.sleep(0.5)
             await self.env.sleep(seconds)
+        if self.settle_after_skip:
+            await asyncio.sleep(self.settle_after_skip)
 
     async def until(
         self, check: Callable[[], Any], *, within: float, step: float = 5.0, what: str = "condition"

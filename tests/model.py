@@ -558,6 +558,7 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
     cache, sandboxed = (0, False) if restarts else (1000, True)
     async with open_lab(doc, kube_timeout=KUBE_TIMEOUT, cached_workflows=cache, sandboxed=sandboxed) as lab:
         watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        lab.settle_after_skip = 0.1  # see Lab.settle_after_skip: the driver signals right after every skip
         model = Model(lab, watchers, rng, restarts=restarts)
         model.log.append(f"worker restarts: {'yes' if restarts else 'no'}")
         try:
