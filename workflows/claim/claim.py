@@ -53,8 +53,9 @@ class Claim(ClaimRuntime):
         self.details(f"{s.phase} ({s.reason or 'no reason'})")
         if s.phase == ClaimPhase.FAILED:
             # The reason leads the message: the Web UI shows the message first, the failure type further down.
-            raise ApplicationError(f"{s.reason}: {s.message}" if s.message else s.reason, type=s.reason,
-                                   non_retryable=True)
+            raise ApplicationError(
+                f"{s.reason}: {s.message}" if s.message else s.reason, type=s.reason, non_retryable=True
+            )
         return s.digest(workflow_done=True)
 
     async def _lifecycle(self) -> bool:
