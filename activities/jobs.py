@@ -32,14 +32,18 @@ def pod_spec_of(slot: Node, job_type: JobType | str) -> PodSpecTemplate:
 
 
 def job_labels(slot: str, job_type: JobType | str, claim_name: str) -> dict[str, str]:
-    """The labels of a lifecycle Job and its Pod: the watchers find Jobs by these."""
+    """The labels of a lifecycle Job and its Pod, for selecting them (`kubectl get jobs -l ...`).
+
+    Names are label values here, bounded to 63 characters (`names.label_value`); the full names are in the
+    owner references, which is where the watchers read them.
+    """
     labels = {
-        names.LABEL_NODE: slot,
+        names.LABEL_NODE: names.label_value(slot),
         names.LABEL_JOB_TYPE: str(JobType(job_type)),
         names.LABEL_MANAGED_BY: names.MANAGED_BY,
     }
     if claim_name:
-        labels[names.LABEL_NODECLAIM] = claim_name
+        labels[names.LABEL_NODECLAIM] = names.label_value(claim_name)
     return labels
 
 

@@ -249,12 +249,15 @@ class KubeActivities:
 
     @staticmethod
     def _claim_of(seed: c.ClaimSeed, slot_uid: str) -> NodeClaim:
-        """The claim resource a seed describes: labelled with its slot and group, owned by the slot."""
+        """The claim resource a seed describes: labelled with its slot and group (bounded), owned by the slot."""
         return NodeClaim(
             metadata=ObjectMeta(
                 name=seed.name,
                 namespace=seed.namespace,
-                labels={names.LABEL_NODE: seed.slot, names.LABEL_GROUP: seed.group},
+                labels={
+                    names.LABEL_NODE: names.label_value(seed.slot),
+                    names.LABEL_GROUP: names.label_value(seed.group),
+                },
                 owner_references=[
                     OwnerReference(
                         api_version=names.API_VERSION,

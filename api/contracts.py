@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from api.names import JOB_NAME_MAX, bounded
+
 TASK_QUEUE = "homelab-autoscaler"
 
 # Custom search attributes (registered on the server before any worker starts).
@@ -39,15 +41,39 @@ def release_workflow_id(namespace: str, slot: str) -> str:
     return f"release/{namespace}/{slot}"
 
 
+# Owners of lifecycle Jobs (claims, release episodes) are kept to 50 characters: their own name is then a valid
+# label value, and `<owner>-startup` / `<owner>-shutdown-<n>` stay whole within a Job name's 63 for n < 1000.
+OWNER_NAME_MAX = JOB_NAME_MAX - len("-shutdown-999")
+RELEASE_MARK = "-release-"  # in every release episode's name, and so in the names of its Jobs
+
+
 def claim_name(slot: str, entropy: str) -> str:
-    """A claim's name: its slot and six hex digits (from `workflow.uuid4()`: deterministic on replay)."""
-    return f"{slot}-{entropy[:6]}"
+    """A claim's name: its slot and six hex digits (from `workflow.uuid4()`: deterministic on replay).
+
+    A slot too long for that keeps a prefix and a hash of its name before the six digits, so claims of two long
+    slots never share a name and the claim still fits a label value and its Jobs' names.
+    """
+    tail = f"-{entropy[:6]}"
+    return f"{bounded(slot, OWNER_NAME_MAX - len(tail))}{tail}"
+
+
+def release_episode(slot: str, entropy: str) -> str:
+    """A law-3 release's own name, `<slot>-release-<5 hex>`, the owner of its shutdown Jobs.
+
+    The watchers know a release's Job by the mark, so a long slot is bounded before it, never the mark.
+    """
+    tail = f"{RELEASE_MARK}{entropy[:5]}"
+    return f"{bounded(slot, OWNER_NAME_MAX - len(tail))}{tail}"
 
 
 def job_name(owner: str, job_type: str, sequence: int) -> str:
-    """Deterministic Job names: a retried activity finds its Job instead of making a second one."""
-    base = f"{owner}-{job_type}"
-    return base if sequence <= 1 else f"{base}-{sequence}"
+    """Deterministic Job names: a retried activity finds its Job instead of making a second one.
+
+    Always a valid Job name (≤ 63): an owner too long for its suffix (a hand-applied claim) is bounded first,
+    so the operation stays readable at the end of the name.
+    """
+    suffix = f"-{job_type}" if sequence <= 1 else f"-{job_type}-{sequence}"
+    return f"{bounded(owner, JOB_NAME_MAX - len(suffix))}{suffix}"
 
 
 # --- observations -----------------------------------------------------------------------------------------

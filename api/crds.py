@@ -133,7 +133,10 @@ def _structural(node: Schema, path: str, *, in_status: bool) -> Schema:
     extensions = {key: value for key, value in node.items() if key.startswith("x-kubernetes-")}
     out: Schema = {key: value for key, value in node.items() if key in _KEEP}
     out.update(extensions)
-    if nullable:
+    if nullable and "enum" not in out:
+        # An optional enum is not nullable: kube-openapi checks a null against the enum, which does not list it,
+        # so `nullable` would only make the API server refuse `field: null` (a YAML `effect:` left empty). Not
+        # nullable, the null is pruned before validation: absent, which is what None means in the models.
         out["nullable"] = True
     if "default" in out and (out["default"] is None or in_status):
         # a null default is pydantic's "optional", and the operator owns every status default
@@ -313,8 +316,9 @@ CRD_FILES = tuple(f"{plural}.yaml" for plural, _, _ in _NAMES.values())
 def to_json_schema(schema: Schema) -> Schema:
     """Turn a structural OpenAPI v3 schema back into plain JSON Schema for `jsonschema` validators.
 
-    `nullable` becomes a `null` type (and a `null` enum member), boolean exclusive bounds become numeric,
-    and the `x-kubernetes-*` extensions, which JSON Schema does not know, are dropped.
+    `nullable` becomes a `null` type (and only that: an `enum` still applies to a null, as in kube-openapi),
+    boolean exclusive bounds become numeric, and the `x-kubernetes-*` extensions, which JSON Schema does not know,
+    are dropped.
     """
     out: Schema = {}
     for key, value in schema.items():
@@ -335,8 +339,6 @@ def to_json_schema(schema: Schema) -> Schema:
         return out
     if schema.get("nullable"):
         out["type"] = [out["type"], "null"]
-        if "enum" in out:
-            out["enum"] = [*out["enum"], None]
     return out
 
 

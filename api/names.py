@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from enum import StrEnum
 
@@ -33,6 +34,38 @@ ANNOTATION_TEMPLATE_SNAPSHOT_AT = f"{GROUP}/template-snapshot-at"
 FINALIZER_CLAIM = f"{GROUP}/claim"
 
 PROVIDER_ID_SCHEME = "homelab"
+
+# --- bounded names (the API server's limits) -----------------------------------------------------------
+# A slot's or a Group's name may be a whole DNS-1123 subdomain (253 characters), but a label value holds 63 and
+# a Job name 63 (it becomes a label of its Pods). Every name the operator derives from another is bounded the
+# way Kubernetes bounds generated names: a readable prefix, then a short hash of the whole name, so it is
+# deterministic (a retried activity finds its object), distinct for distinct names, and short names are kept.
+NAME_MAX = 253  # DNS-1123 subdomain: object names, Event names
+LABEL_VALUE_MAX = 63  # IsValidLabelValue
+JOB_NAME_MAX = 63  # ValidateJob: a Job's name is the job-name label of its Pods
+NAME_HASH_LENGTH = 10  # hex digits of SHA-256 (40 bits) after a truncated prefix
+
+
+def bounded(name: str, limit: int) -> str:
+    """`name` itself when it fits `limit`, else its first characters, '-', and the hash of all of it.
+
+    The prefix ends on an alphanumeric character, so a valid subdomain or label value stays one.
+    """
+    if limit <= NAME_HASH_LENGTH + 1:
+        raise ValueError(f"a bounded name needs room for its hash: limit {limit}")
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:NAME_HASH_LENGTH]
+    prefix = name[: limit - NAME_HASH_LENGTH - 1].rstrip("-._")
+    return f"{prefix}-{digest}" if prefix else digest
+
+
+def label_value(name: str) -> str:
+    """The value of a label that names an object (slot, group, claim): the name, bounded to 63 characters.
+
+    Whoever selects or matches by such a label compares with this, never with the name itself.
+    """
+    return bounded(name, LABEL_VALUE_MAX)
 
 
 def provider_id(namespace: str, slot: str) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import urllib3
 from kubernetes import client as k8s
@@ -24,7 +25,7 @@ from pydantic import ValidationError
 
 from api import names
 from api.v2alpha1 import Group, Node, NodeClaim
-from kube.errors import Conflict, Invalid, KubeError, NotFound, Transient, from_api_exception
+from kube.errors import Conflict, Gone, Invalid, KubeError, NotFound, Transient, from_api_exception
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = 10.0
 CAS_ATTEMPTS = 5
+# Objects per list page: a list follows `continue` until the server has sent everything, so a big namespace costs
+# several bounded responses instead of one unbounded one.
+LIST_PAGE_LIMIT = 500
 
 M = TypeVar("M", Group, Node, NodeClaim)
 
@@ -171,6 +175,29 @@ class Kube:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
 
+    def _send(self, what: str, method: str, path: str, body: Any, *, content_type: str = "application/json") -> Any:
+        """One request whose JSON body goes on the wire exactly as built; its JSON answer; a typed error.
+
+        The typed client methods (`create_namespaced_lease`, `create_namespaced_job`, ...) first coerce a dict into
+        their model and serialise that again, which rewrites values: a Lease's MicroTime with zero microseconds
+        loses its fraction, which the API server refuses (RFC3339Micro). These writes bypass that step.
+        """
+        request = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.api_client.call_api(*request, _request_timeout=self.timeout)
+            response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= response.status <= 299:
+            raise from_api_exception(ApiException(http_resp=response), what)
+        return _body(response)
+
     def _get(self, res: Resource, namespace: str | None, name: str) -> JSON:
         what = f"get {res.kind} {namespace}/{name}" if namespace else f"get {res.kind} {name}"
         if res.custom:
@@ -192,11 +219,37 @@ class Kube:
     def list_raw(
         self, res: Resource, namespace: str | None = None, selector: str | None = None
     ) -> tuple[list[JSON], str]:
-        """Objects of a resource (all namespaces when namespace is None) and the list's resourceVersion."""
+        """Objects of a resource (all namespaces when namespace is None) and the list's resourceVersion.
+
+        Asked for in pages of `LIST_PAGE_LIMIT`, following `metadata.continue` until the server has sent them all;
+        every page of one list carries the first page's resourceVersion (a consistent snapshot). A continue token
+        the server has expired (410) costs one list of everything in a single response, as client-go's pager does.
+        """
         what = f"list {res.plural}" + (f" in {namespace}" if namespace else "")
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"limit": LIST_PAGE_LIMIT}
         if selector:
             kw["label_selector"] = selector
+        items: list[JSON] = []
+        doc = self._list_page(what, res, namespace, kw)
+        while True:
+            items += list(doc.get("items") or [])
+            token = str((doc.get("metadata") or {}).get("continue") or "")
+            if not token:
+                break
+            try:
+                doc = self._list_page(what, res, namespace, {**kw, "_continue": token})
+            except Gone:
+                log.info("%s: the continue token expired; listing everything at once", what)
+                items = []
+                doc = self._list_page(what, res, namespace, {k: v for k, v in kw.items() if k != "limit"})
+        for item in items:  # list items carry no kind; fill it so they parse like a get
+            item.setdefault("kind", res.kind)
+            item.setdefault("apiVersion", res.api_version)
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _list_page(self, what: str, res: Resource, namespace: str | None, kw: dict[str, Any]) -> JSON:
+        """One list request (one page when `kw` has a limit) as the API returns it."""
+        doc: JSON
         if res.custom:
             if namespace:
                 doc = self._call(
@@ -219,11 +272,7 @@ class Kube:
                 doc = self._call(what, self.batch.list_job_for_all_namespaces, **kw)
         else:
             raise KubeError(f"{what}: resource not handled by the adapter")
-        items = list(doc.get("items") or [])
-        for item in items:  # list items carry no kind; fill it so they parse like a get
-            item.setdefault("kind", res.kind)
-            item.setdefault("apiVersion", res.api_version)
-        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        return doc or {}
 
     def open_watch(
         self,
@@ -519,13 +568,16 @@ class Kube:
         return self._cas(KUBELET_NODES, None, name, change)
 
     def stamp_slot_identity(self, name: str, *, group: str, slot: str, provider_id: str) -> JSON:
-        """Label the kubelet Node with its group and slot; set providerID only where it is empty (it is immutable)."""
+        """Label the kubelet Node with its group and slot (as label values, bounded to 63 characters); set
+        providerID only where it is empty (it is immutable).
+        """
+        wanted = {names.LABEL_GROUP: names.label_value(group), names.LABEL_NODE: names.label_value(slot)}
 
         def change(obj: JSON) -> JSON | None:
             labels = (obj.get("metadata") or {}).get("labels") or {}
             patch: JSON = {}
-            if labels.get(names.LABEL_GROUP) != group or labels.get(names.LABEL_NODE) != slot:
-                patch["metadata"] = {"labels": {names.LABEL_GROUP: group, names.LABEL_NODE: slot}}
+            if any(labels.get(key) != value for key, value in wanted.items()):
+                patch["metadata"] = {"labels": dict(wanted)}
             if not (obj.get("spec") or {}).get("providerID"):
                 patch["spec"] = {"providerID": provider_id}
             return patch or None
@@ -550,7 +602,8 @@ class Kube:
         if not name:
             raise KubeError("create Job: metadata.name is required (lifecycle Jobs have deterministic names)")
         try:
-            return self._call(f"create Job {namespace}/{name}", self.batch.create_namespaced_job, namespace, dict(body))
+            path = f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
+            return self._send(f"create Job {namespace}/{name}", "POST", path, dict(body))
         except KubeError as exc:
             if exc.status == 409 and exc.reason == "AlreadyExists":
                 return self._get(JOBS, namespace, name)
@@ -600,10 +653,12 @@ class Kube:
         when = rfc3339(now or _now())
         digest = hashlib.sha256(f"{regarding.kind}|{regarding.uid}|{reason}|{message}".encode()).hexdigest()[:10]
         if occurrence is None:
-            name = f"{regarding.name}.{digest}"
+            suffix = f".{digest}"
         else:
             nanos = int(occurrence.timestamp()) * 1_000_000_000 + occurrence.microsecond * 1_000
-            name = f"{regarding.name}.{nanos:016x}.{digest[:6]}"
+            suffix = f".{nanos:016x}.{digest[:6]}"
+        # An Event's name is a DNS subdomain (≤ 253): a long object name is bounded before the suffix.
+        name = names.bounded(regarding.name, names.NAME_MAX - len(suffix)) + suffix
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -626,7 +681,7 @@ class Kube:
         }
         what = f"create Event {regarding.namespace}/{name}"
         try:
-            return self._call(what, self.core.create_namespaced_event, regarding.namespace, body)
+            return self._send(what, "POST", f"/api/v1/namespaces/{quote(regarding.namespace)}/events", body)
         except KubeError as exc:
             if not (exc.status == 409 and exc.reason == "AlreadyExists"):
                 raise
@@ -660,7 +715,10 @@ class Kube:
             return None
 
     def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> JSON | None:
-        """Create a Lease; None when one already exists (another replica was first: the caller re-reads it)."""
+        """Create a Lease; None when one already exists (another replica was first: the caller re-reads it).
+
+        The body is sent as given (see `_send`): its MicroTimes keep their six fraction digits.
+        """
         body: JSON = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -668,8 +726,11 @@ class Kube:
             "spec": dict(spec),
         }
         try:
-            return self._call(
-                f"create Lease {namespace}/{name}", self.coordination.create_namespaced_lease, namespace, body
+            return self._send(
+                f"create Lease {namespace}/{name}",
+                "POST",
+                f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases",
+                body,
             )
         except KubeError as exc:
             if exc.status == 409 and exc.reason == "AlreadyExists":
@@ -678,14 +739,13 @@ class Kube:
 
     def patch_lease(self, namespace: str, name: str, spec: Mapping[str, Any], resource_version: str) -> JSON:
         """Merge-patch a Lease's spec guarded by `resource_version` (compare-and-set): a replica that read an
-        older Lease gets `Conflict` instead of overwriting the holder that renewed in between.
+        older Lease gets `Conflict` instead of overwriting the holder that renewed in between. Sent as given.
         """
         patch: JSON = {"metadata": {"resourceVersion": resource_version}, "spec": dict(spec)}
-        return self._call(
+        return self._send(
             f"patch Lease {namespace}/{name}",
-            self.coordination.patch_namespaced_lease,
-            name,
-            namespace,
+            "PATCH",
+            f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases/{quote(name)}",
             patch,
-            _content_type=MERGE_PATCH,
+            content_type=MERGE_PATCH,
         )

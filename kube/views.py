@@ -8,19 +8,22 @@ the path of the field that is wrong and what is wrong with it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from api import names
-from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, parse_duration
+from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, parse_duration
 from kube.objects import meta, spec, status
 
 # Fields of a slot whose contents are the user's secrets or commands: a problem there says where, never what.
 POD_SPEC_FIELDS = ("startupPodSpec", "shutdownPodSpec")
+# Where client-side `kubectl apply` keeps the document it applied, unknown fields included.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # What the API server quotes back in a refusal ("Invalid value: \"...\""), dropped before anything is logged.
 _QUOTED_VALUE = re.compile(r'(Invalid value|Unsupported value|Duplicate value): ("(?:[^"\\]|\\.)*"|\S+)')
 
@@ -45,6 +48,35 @@ def problem_of(err: ValidationError, prefix: str = "") -> str:
     return f"{where}: {what}" if where else what
 
 
+def pruned_field(obj: Mapping[str, Any] | None, model: type[BaseModel]) -> str:
+    """The first field of the spec a person applied that is not in the schema ("" when none): a typo.
+
+    The API server prunes unknown fields before anyone reads the object (`fieldValidation=Ignore`, which
+    `kubectl apply --validate=false` sends, or `Warn`, the default of most clients), so the stored spec cannot
+    show a typo; the document `kubectl apply` keeps in the last-applied annotation still does. Only fields the
+    schema does not know are reported: a known field missing from the object was removed since, not pruned.
+    """
+    annotations = meta(obj).get("annotations")
+    raw = annotations.get(LAST_APPLIED) if isinstance(annotations, Mapping) else None
+    if not isinstance(raw, str):
+        return ""
+    try:
+        applied = json.loads(raw)
+    except ValueError:
+        return ""
+    applied_spec = applied.get("spec") if isinstance(applied, dict) else None
+    if not isinstance(applied_spec, dict):
+        return ""
+    try:
+        model.model_validate(applied_spec)
+    except ValidationError as err:
+        for error in err.errors(include_input=False, include_url=False):
+            if error["type"] == "extra_forbidden":
+                where = field_path(("spec", *error["loc"]))
+                return f"{where}: unknown field, dropped by the API server from what kubectl applied"
+    return ""
+
+
 def without_values(message: str) -> str:
     """An API server refusal with the quoted values taken out (they may be a pod spec's env values)."""
     return _QUOTED_VALUE.sub(r"\1", message)
@@ -65,29 +97,55 @@ def time_of(value: Any) -> datetime | None:
 def group_spec(group: Mapping[str, Any] | None) -> GroupSpec | str:
     """The Group's spec, or the problem that makes it unusable (its values are the operator's own: shown)."""
     try:
-        return GroupSpec.model_validate(spec(group))
+        found = GroupSpec.model_validate(spec(group))
     except ValidationError as err:
         detail = err.errors(include_url=False)[0]
         problem = problem_of(err, "spec")
         if "input" in detail and not isinstance(detail["input"], dict | list):
             problem += f" (got {detail['input']!r})"
         return problem
+    return pruned_field(group, GroupSpec) or found
 
 
 # --- slots -------------------------------------------------------------------------------------------------
 def slot_problem(slot: Mapping[str, Any] | None) -> str:
-    """Why a slot cannot power its machine ("" when it can): its spec, pod specs included, against the model."""
+    """Why a slot cannot power its machine ("" when it can): its spec, pod specs included, against the model, and
+    a typo the API server pruned from what was applied (a pod spec missing the command a person meant to give).
+    """
     try:
         Node.model_validate({**dict(slot or {}), "status": {}})
     except ValidationError as err:
         return problem_of(err)
-    return ""
+    return pruned_field(slot, NodeSpec)
 
 
 def attempts_reset_at(slot: Mapping[str, Any] | None) -> datetime | None:
     """The slot's reset-attempts annotation: the claims before it leave the boot-attempt streak."""
     annotations = meta(slot).get("annotations") or {}
     return time_of(annotations.get(names.ANNOTATION_RESET_ATTEMPTS)) if isinstance(annotations, dict) else None
+
+
+# --- Jobs --------------------------------------------------------------------------------------------------
+def job_owners(job: Mapping[str, Any] | None) -> tuple[str, str]:
+    """The full names of the slot and the claim a lifecycle Job belongs to ("" for none).
+
+    Read from its owner references: its labels carry names bounded to 63 characters (`names.label_value`), which a
+    long name does not survive. A Job with no owner of ours (made by hand) is read by its labels.
+    """
+    slot = claim = ""
+    for ref in meta(job).get("ownerReferences") or []:
+        if not isinstance(ref, Mapping) or ref.get("apiVersion") != names.API_VERSION:
+            continue
+        if ref.get("kind") == names.KIND_NODE:
+            slot = str(ref.get("name") or "")
+        elif ref.get("kind") == names.KIND_NODECLAIM:
+            claim = str(ref.get("name") or "")
+    if slot or claim:
+        return slot, claim
+    labels = meta(job).get("labels") or {}
+    if not isinstance(labels, Mapping):
+        return "", ""
+    return str(labels.get(names.LABEL_NODE) or ""), str(labels.get(names.LABEL_NODECLAIM) or "")
 
 
 # --- claims ------------------------------------------------------------------------------------------------
@@ -101,7 +159,7 @@ def claim_problem(claim: Mapping[str, Any] | None) -> str:
         NodeClaimStatus.model_validate(status(claim))
     except ValidationError as err:
         return problem_of(err, "status")
-    return ""
+    return pruned_field(claim, NodeClaimSpec)
 
 
 def claim_ttl_seconds(claim: Mapping[str, Any] | None) -> int:

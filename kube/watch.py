@@ -160,6 +160,10 @@ class Watch:
         stream = self.kube.open_watch(self.resource, self.namespace, self.selector, self.resource_version, self.window)
         self._stream = stream
         try:
+            if self.stop.is_set():  # closed while the stream was being opened: `close` saw no stream to shut
+                with contextlib.suppress(Exception):
+                    stream.close()
+                return
             buffer = b""
             for chunk in stream.stream(amt=None, decode_content=False):
                 if self.stop.is_set():

@@ -59,9 +59,9 @@ class GroupInfo:
             for slot in self.slots:
                 if slot.known_as(ident):
                     return slot
-        if labels.get(names.LABEL_GROUP) == self.name:
+        if labels.get(names.LABEL_GROUP) == names.label_value(self.name):  # labels hold bounded names
             for slot in self.slots:
-                if labels.get(names.LABEL_NODE) == slot.name:
+                if labels.get(names.LABEL_NODE) == names.label_value(slot.name):
                     return slot
         return None
 

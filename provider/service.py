@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 
 from api import contracts as c
-from api.names import LABEL_GROUP
+from api.names import LABEL_GROUP, label_value
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2 as k8s
@@ -286,7 +286,7 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
         name = node.labels.get(LABEL_GROUP)
         if not name:
             return None
-        matches = [g for g in (await self.catalog.snapshot()).groups if g.name == name]
+        matches = [g for g in (await self.catalog.snapshot()).groups if label_value(g.name) == name]
         return matches[0] if len(matches) == 1 else None
 
     @_call("pricing the pod")

@@ -7,6 +7,7 @@ Workflow time only moves through `advance`, so a test reads as "after N minutes,
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -25,10 +26,12 @@ from temporalio.worker import Worker
 
 from activities import KubeActivities
 from api import contracts as c
+from api import names
 from homelab_autoscaler.sim.homelab import HomelabServer
 from homelab_autoscaler.sim.homelab_spec import parse_homelab_spec
 from homelab_autoscaler.temporal import DATA_CONVERTER, build_worker, register_search_attributes
 from kube.adapter import Kube
+from kube.views import LAST_APPLIED
 from workflows.group.workflow import GroupWorkflow
 
 NS = "homelab"
@@ -191,7 +194,8 @@ class Lab:
 
     def jobs(self, slot: str | None = None) -> list[dict[str, Any]]:
         jobs = self.lab.call(lambda h: h.emulator.objects_of("batch/v1", "jobs", NS))
-        return [j for j in jobs if slot is None or j["metadata"]["labels"].get("infra.homecluster.dev/node") == slot]
+        wanted = None if slot is None else names.label_value(slot)  # the label holds the bounded name
+        return [j for j in jobs if wanted is None or j["metadata"]["labels"].get(names.LABEL_NODE) == wanted]
 
     def node(self, name: str) -> dict[str, Any] | None:
         return self.lab.call(lambda h: h.emulator.get_object("v1", "nodes", None, name))
@@ -319,6 +323,26 @@ def seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> No
             "infra.homecluster.dev/v2alpha1", "nodes", NS, slot_name, {"status": {"lastClaim": last}}, "status"
         )
     )
+
+
+def applied_with_a_typo(slot_name: str, pod_spec: str, typo: dict[str, Any]) -> dict[str, Any]:
+    """What `kubectl apply --validate=false` of a slot whose `pod_spec` carries `typo` leaves (as a merge patch): the
+    API server pruned the unknown field from the spec, and kubectl's last-applied annotation still holds it.
+    """
+    pod = {"image": "x"}
+    applied = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND_NODE,
+        "metadata": {"name": slot_name, "namespace": NS},
+        "spec": {
+            "group": "g",
+            "kubernetesNodeName": slot_name,
+            "startupPodSpec": pod,
+            "shutdownPodSpec": pod,
+            pod_spec: {**pod, **typo},
+        },
+    }
+    return {"metadata": {"annotations": {LAST_APPLIED: json.dumps(applied)}}, "spec": {pod_spec: pod}}
 
 
 def apply_claim(lab: Lab, name: str, slot_name: str, **spec: Any) -> None:

@@ -19,6 +19,7 @@ from homelab_autoscaler.sim.emulator import Fault
 from tests.lab import (
     NS,
     Lab,
+    applied_with_a_typo,
     apply_claim,
     history_text,
     homelab,
@@ -180,7 +181,7 @@ async def test_slot_choice_skips_a_slot_past_its_attempt_limit() -> None:
 
 async def test_slot_choice_skips_a_slot_whose_spec_cannot_power_it() -> None:
     async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
-        patch = {"spec": {"startupPodSpec": {"image": "x", "comand": ["typo"]}}}
+        patch = applied_with_a_typo("s1", "startupPodSpec", {"comand": ["typo"]})  # pruned, kept by kubectl
         lab.lab.call(lambda h: h.emulator.patch_object(CRD, "nodes", NS, "s1", patch))
         await lab.start_group()
         assert await lab.increase(1) == 1

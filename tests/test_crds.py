@@ -246,9 +246,22 @@ def test_broken_examples_fail_schema(kind: str, mutate: Any, needle: str) -> Non
 
 
 def test_nullable_translation() -> None:
+    """`nullable` only adds null to the type: an enum still judges a null, as kube-openapi's validator does."""
     schema = {"type": "string", "nullable": True, "enum": ["a"], "x-kubernetes-list-type": "atomic"}
-    assert to_json_schema(schema) == {"type": ["string", "null"], "enum": ["a", None]}
-    assert to_json_schema({"type": "integer", "minimum": 0, "exclusiveMinimum": True}) == {
-        "type": "integer",
-        "exclusiveMinimum": 0,
-    }
+    assert to_json_schema(schema) == {"type": ["string", "null"], "enum": ["a"]}
+    validator = jsonschema.Draft202012Validator(to_json_schema(schema))
+    assert not validator.is_valid(None), "a null is not one of the enum's values"
+    assert jsonschema.Draft202012Validator(to_json_schema({"type": "string", "nullable": True})).is_valid(None)
+
+
+@pytest.mark.parametrize("kind", [names.KIND_GROUP, names.KIND_NODE, names.KIND_NODECLAIM])
+def test_no_optional_enum_is_nullable(kind: str) -> None:
+    """kube-openapi checks a null against `enum` even when the field is `nullable`, so a nullable enum without a
+    null member only makes the API server refuse `field: null`; an optional enum is left non-nullable instead,
+    and the server prunes the null (structural schemas prune nulls of non-nullable fields before validating).
+    """
+    for path, node in walk(crd_schemas()[kind]):
+        assert not ("enum" in node and node.get("nullable")), f"{kind}{path}: nullable enum"
+        assert None not in node.get("enum", []), f"{kind}{path}: null in an enum"
+    tolerations = crd_schemas()[names.KIND_NODE]["properties"]["spec"]["properties"]["startupPodSpec"]
+    assert "nullable" not in tolerations["properties"]["tolerations"]["items"]["properties"]["effect"]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -102,13 +105,31 @@ def http(srv: EmulatorServer, method: str, path: str, body: Any = None, accept: 
 # --- the mode itself ------------------------------------------------------------------------------------
 
 
-def test_strict_is_off_by_default_and_on_with_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """HOMELAB_EMULATOR_STRICT=1 makes every emulator strict unless its constructor says otherwise."""
+def test_strict_is_on_by_default_and_off_with_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every emulator is strict unless its constructor says otherwise or HOMELAB_EMULATOR_STRICT=0."""
     monkeypatch.delenv("HOMELAB_EMULATOR_STRICT", raising=False)
-    assert not KubeEmulator().strict
+    assert KubeEmulator().strict
+    for off in ("0", "false", "off"):
+        monkeypatch.setenv("HOMELAB_EMULATOR_STRICT", off)
+        assert not KubeEmulator().strict
+        assert KubeEmulator(strict=True).strict
     monkeypatch.setenv("HOMELAB_EMULATOR_STRICT", "1")
     assert KubeEmulator().strict
     assert not KubeEmulator(strict=False).strict
+
+
+def test_the_direct_helpers_store_past_admission(srv: EmulatorServer) -> None:
+    """``put_object``/``patch_object`` stand for what etcd already holds (a test's malformed object); the
+    simulated controllers' ``patch_object(..., admit=True)`` is judged like a client's write.
+    """
+    from homelab_autoscaler.sim.emulator import ApiError
+
+    srv.call(lambda e: e.put_object(GV, "groups", group(maxSize="many"), NS))
+    stored = srv.call(lambda e: e.patch_object(GV, "groups", NS, "g1", {"spec": {"bogus": 1}}))
+    assert stored["spec"] == {"maxSize": "many", "bogus": 1}
+    with pytest.raises(ApiError) as exc:
+        srv.call(lambda e: e.patch_object(GV, "groups", NS, "g1", {"spec": {"minSize": 1}}, admit=True))
+    assert exc.value.status == 422
 
 
 def test_a_refused_write_stores_nothing_and_tells_no_one(srv: EmulatorServer, co: Any) -> None:
@@ -157,6 +178,33 @@ def test_unknown_fields_are_pruned_with_a_warning(srv: EmulatorServer) -> None:
     ]
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_apply_without_validation_prunes_a_typo_that_last_applied_keeps(
+    srv: EmulatorServer, tmp_path: Any
+) -> None:
+    """``kubectl apply --validate=false`` sends ``fieldValidation=Ignore``: the typo is pruned silently, and the
+    client-side apply annotation (``kubectl.kubernetes.io/last-applied-configuration``) keeps the document as
+    written, which is where the operator finds the typo (``kube.views.pruned_field``, docs/decisions.md).
+    """
+    from kube import views
+
+    manifest = tmp_path / "slot.yaml"
+    manifest.write_text(
+        f"apiVersion: {GV}\nkind: Node\nmetadata:\n  name: s1\n  namespace: {NS}\nspec:\n  group: g1\n"
+        "  kubernetesNodeName: s1\n  startupPodSpec:\n    image: x\n    comand: [wake]\n"
+        "  shutdownPodSpec:\n    image: x\n"
+    )
+    env = {**os.environ, "KUBECONFIG": os.devnull, "HOME": str(tmp_path)}  # kubectl caches under $HOME
+    command = ["kubectl", "--server", srv.url, "apply", "--validate=false", "-f", str(manifest)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    (create,) = [r for r in srv.emulator.requests if r.verb == "create" and r.plural == "nodes"]
+    assert create.params["fieldValidation"] == "Ignore"
+    stored = srv.call(lambda e: e.get_object(GV, "nodes", NS, "s1"))
+    assert stored is not None and stored["spec"]["startupPodSpec"] == {"image": "x"}
+    assert views.slot_problem(stored).startswith("spec.startupPodSpec.comand: unknown field")
+
+
 def test_field_validation_strict_refuses_unknown_fields(srv: EmulatorServer) -> None:
     """fieldValidation=Strict (kubectl's default): 400 ``strict decoding error: unknown field``."""
     body = group()
@@ -201,15 +249,34 @@ def test_null_in_a_non_nullable_field_is_pruned_then_defaulted(co: Any) -> None:
     assert stored["spec"]["minSize"] == 0
 
 
-def test_null_in_a_nullable_enum_must_be_listed(co: Any) -> None:
+def test_null_in_a_nullable_enum_must_be_listed() -> None:
     """kube-openapi validates a nullable field's null against its ``enum``: without null listed, it is refused."""
+    from homelab_autoscaler.sim.emulator_schema import Outcome, validate
+
+    out = Outcome()
+    validate({"type": "string", "nullable": True, "enum": ["a", "b"]}, None, "status.phase", out)
+    assert [(e.type, e.field) for e in out.errors] == [("FieldValueNotSupported", "status.phase")]
+    out = Outcome()
+    validate({"type": "string", "nullable": True, "enum": ["a", None]}, None, "status.phase", out)
+    assert out.errors == []
+
+
+def test_null_in_an_optional_enum_of_our_crds_is_pruned(co: Any) -> None:
+    """Our optional enums are not nullable (api/crds.py), so a null is pruned before validation (the CRD docs'
+    null pruning) instead of being refused as an unlisted enum value: `effect:` left empty in YAML, or a
+    status writer's null phase.
+    """
+    pod = {"image": "x", "tolerations": [{"key": "k", "operator": "Exists", "effect": None}]}
+    spec = {"group": "g1", "kubernetesNodeName": "n1", "startupPodSpec": pod, "shutdownPodSpec": {"image": "x"}}
+    slot = co.create_namespaced_custom_object(
+        G, V, NS, "nodes", {"apiVersion": GV, "kind": "Node", "metadata": {"name": "n1"}, "spec": spec}
+    )
+    assert slot["spec"]["startupPodSpec"]["tolerations"] == [{"key": "k", "operator": "Exists"}]
     co.create_namespaced_custom_object(G, V, NS, "nodeclaims", claim())
     current = co.get_namespaced_custom_object(G, V, NS, "nodeclaims", "c1")
-    current["status"] = {"phase": None}
-    status, body = refused(co.replace_namespaced_custom_object_status, G, V, NS, "nodeclaims", "c1", current)
-    assert status == 422
-    assert causes(body) == [("FieldValueNotSupported", "status.phase")]
-    assert body["details"]["causes"][0]["message"].startswith('Unsupported value: "null": supported values:')
+    current["status"] = {"phase": None, "attempt": 1}
+    written = co.replace_namespaced_custom_object_status(G, V, NS, "nodeclaims", "c1", current)
+    assert written["status"] == {"attempt": 1}
 
 
 def test_required(co: Any) -> None:

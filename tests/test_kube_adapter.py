@@ -138,6 +138,55 @@ def test_a_stored_object_our_schema_refuses_is_invalid_not_a_pydantic_error(
     assert kube.get_raw(SLOTS, NS, "broken")["spec"] == {"group": "workers"}
 
 
+# --- lists follow continue ---------------------------------------------------------------------------------
+def test_every_list_pages_with_a_limit_and_follows_continue(
+    emulator: EmulatorServer, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that pages (``limit``/``continue``, `emulator_pages`) gives every object to a list of the adapter,
+    in bounded pages, under the first page's resourceVersion (a consistent snapshot).
+    """
+    monkeypatch.setattr("kube.adapter.LIST_PAGE_LIMIT", 3)
+    for i in range(8):
+        put(emulator, CRD, "nodes", slot(f"s{i}"))
+    items, list_rv = kube.list_raw(SLOTS, NS)
+    assert [i["metadata"]["name"] for i in items] == [f"s{i}" for i in range(8)]
+    pages = requests(emulator, "list", "nodes")
+    assert [p.params.get("limit") for p in pages] == ["3", "3", "3"]
+    assert [bool(p.params.get("continue")) for p in pages] == [False, True, True]
+    assert list_rv == str(emulator.emulator.resource_version)
+    labelled, _ = kube.list_raw(SLOTS, NS, f"{names.LABEL_GROUP}=workers")
+    assert len(labelled) == 8 and requests(emulator, "list", "nodes")[-1].params["labelSelector"]
+
+
+def test_an_expired_continue_token_costs_one_unpaged_list(
+    emulator: EmulatorServer, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """410 Expired on a continued page (the server compacted the first page's revision): client-go's pager lists
+    everything again in one response rather than failing, and so does the adapter.
+    """
+    monkeypatch.setattr("kube.adapter.LIST_PAGE_LIMIT", 2)
+    for i in range(5):
+        put(emulator, CRD, "nodes", slot(f"s{i}"))
+    expired = Fault(match=lambda r: r.verb == "list" and bool(r.params.get("continue")), status=410, reason="Expired")
+    emulator.emulator.faults.append(expired)
+    items, _ = kube.list_raw(SLOTS, NS)
+    assert [i["metadata"]["name"] for i in items] == [f"s{i}" for i in range(5)]
+    assert [p.params.get("limit") for p in requests(emulator, "list", "nodes")] == ["2", "2", None]
+
+
+def test_the_list_that_starts_a_watch_follows_continue(
+    emulator: EmulatorServer, consume: Callable[..., Consumer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch's (re)list sees every object of a paging server before it says SYNCED and starts watching."""
+    monkeypatch.setattr("kube.adapter.LIST_PAGE_LIMIT", 2)
+    for i in range(5):
+        put(emulator, CRD, "nodes", slot(f"s{i}"))
+    c = consume(SLOTS, namespace=NS)
+    assert sorted(c.take(5)) == [("ADDED", f"s{i}", str(i + 1)) for i in range(5)]
+    assert c.take(1) == [SYNCED]
+    assert len(requests(emulator, "list", "nodes")) == 3
+
+
 # --- creates with deterministic names ----------------------------------------------------------------------
 def test_create_claim_twice_returns_the_one_claim(cluster: EmulatorServer, kube: Kube) -> None:
     first = kube.create_claim(claim_model("c1"))

@@ -26,6 +26,29 @@ def elector(kube: Kube, who: str) -> LeaderElector:
     return LeaderElector(kube, NS, "watch", who, LEASE)
 
 
+def test_lease_times_keep_six_fraction_digits_at_whole_seconds(emulator: EmulatorServer, kube: Kube) -> None:
+    """metav1.MicroTime is RFC3339Micro: the strict API server refuses a Lease whose renewTime or acquireTime
+    lacks the six fraction digits (400, as kube-apiserver's decoder does). Whole-second clocks are where a
+    serialiser drops them (the typed client re-serialising the body as a V1Lease did), so every Lease write is
+    made at whole seconds here and must land, with the bytes the elector built.
+    """
+    assert emulator.emulator.strict
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert a.tick(T0), "create"
+    assert a.tick(T0 + timedelta(seconds=5)), "renew"
+    a.release(T0 + timedelta(seconds=6))
+    assert b.tick(T0 + timedelta(seconds=7)), "take over a released Lease"
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None
+    assert lease["spec"]["renewTime"] == "2030-01-01T00:00:07.000000Z"
+    assert lease["spec"]["acquireTime"] == "2030-01-01T00:00:07.000000Z"
+    writes = [r for r in emulator.emulator.requests if r.plural == "leases" and r.verb in ("create", "patch")]
+    assert len(writes) == 4
+    sent = [w.body["spec"]["renewTime"] for w in writes]
+    assert sent == [f"2030-01-01T00:00:0{s}.000000Z" for s in (0, 5, 6, 7)]
+    assert [r for r in emulator.emulator.strict_log if r.resource == "leases"] == []
+
+
 def test_one_leader_renews_and_a_follower_waits(kube: Kube) -> None:
     a, b = elector(kube, "a"), elector(kube, "b")
     assert a.tick(T0)

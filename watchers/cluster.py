@@ -95,7 +95,9 @@ class Cluster:
         return self.nodes.get(name) if name else None
 
     def slots_of_node(self, node: Mapping[str, Any]) -> list[Key]:
-        """The slot a kubelet Node belongs to: by the slot's kubernetesNodeName, then by the labels we stamp."""
+        """The slot a kubelet Node belongs to: by the slot's kubernetesNodeName, then by the labels we stamp
+        (which hold the bounded forms of the names, `names.label_value`).
+        """
         name = str(meta(node).get("name") or "")
         by_name = [k for k, s in self.slots.items() if self.slot_node_name(s) == name]
         if by_name:
@@ -104,9 +106,9 @@ class Cluster:
         slot, group = labels.get(names.LABEL_NODE), labels.get(names.LABEL_GROUP)
         if not slot:
             return []
-        found = [k for k, s in self.slots.items() if k[1] == slot]
+        found = [k for k in self.slots if names.label_value(k[1]) == slot]
         if len(found) > 1 and group:  # the same slot name in two namespaces: the group label decides
-            found = [k for k in found if spec(self.slots[k]).get("group") == group]
+            found = [k for k in found if names.label_value(str(spec(self.slots[k]).get("group") or "")) == group]
         return found
 
     def slots_of_group(self, namespace: str, group: str) -> list[Key]:

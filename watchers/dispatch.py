@@ -24,7 +24,7 @@ from typing import Any
 
 from activities.kube_activities import job_status, observe, readiness_taints
 from api import contracts as c
-from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, LABEL_NODE, LABEL_NODECLAIM, ClaimReason
+from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, ClaimReason
 from kube import views
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Resource
 from kube.watch import DELETED, SYNCED, WatchEvent
@@ -34,7 +34,7 @@ from watchers.signals import SignalSink
 
 log = logging.getLogger(__name__)
 
-RELEASE_MARK = "-release-"
+RELEASE_MARK = c.RELEASE_MARK
 
 
 class Dispatcher:
@@ -189,7 +189,7 @@ class Dispatcher:
         self.cluster.jobs[key] = job
         if not self.acting:
             return
-        slot = str((meta(job).get("labels") or {}).get(LABEL_NODE) or "")
+        slot = views.job_owners(job)[0]
         if slot:
             await self._reports([(key[0], slot)])
         await self._job_finished(job)
@@ -201,10 +201,8 @@ class Dispatcher:
         state = job_status(name, job)
         if state.state not in (c.JOB_SUCCEEDED, c.JOB_FAILED) or ident in self.finished_jobs:
             return
-        labels = meta(job).get("labels") or {}
-        slot = str(labels.get(LABEL_NODE) or "")
+        slot, claim = views.job_owners(job)  # full names: the labels may hold bounded ones
         finished = c.JobFinished(job=name, succeeded=state.state == c.JOB_SUCCEEDED, reason=state.reason)
-        claim = str(labels.get(LABEL_NODECLAIM) or "")
         if claim:
             await self.signals.claim(ns, claim, "job_finished", finished)
         elif slot and RELEASE_MARK in name:

@@ -49,6 +49,7 @@ from api.names import (
     PowerOffNodePolicy,
     PowerState,
     Report,
+    label_value,
     provider_id,
 )
 from api.v2alpha1 import ClaimDigest, Condition, NodeStatus, NodeTemplate
@@ -393,7 +394,8 @@ class ReportWriter:
         """Label the kubelet Node with its group and slot, and give it our providerID when it has none."""
         group = str(spec(slot).get("group") or "")
         labels = meta(node).get("labels") or {}
-        if labels.get(LABEL_GROUP) == group and labels.get(LABEL_NODE) == key[1] and spec(node).get("providerID"):
+        stamped = labels.get(LABEL_GROUP) == label_value(group) and labels.get(LABEL_NODE) == label_value(key[1])
+        if stamped and spec(node).get("providerID"):
             return
         name = str(meta(node).get("name"))
         try:

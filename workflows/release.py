@@ -36,7 +36,7 @@ class Release(SlotVerbs):
     async def run(self, seed: c.ReleaseSeed) -> bool:
         workflow.upsert_search_attributes([KEY_GROUP.value_set(seed.group), KEY_SLOT.value_set(seed.slot)])
         # A Job name of its own per episode: an earlier release's finished Job must not answer for this one.
-        self.episode = f"{seed.slot}-release-{workflow.uuid4().hex[:5]}"
+        self.episode = c.release_episode(seed.slot, workflow.uuid4().hex)
         if seed.startup_job:
             self.details(f"letting startup Job {seed.startup_job} of claim {seed.claim} finish first")
             if await monitor_job(self, seed.startup_job, JobType.STARTUP) == JOB_OUTCOME_SUCCEEDED:

@@ -8,9 +8,12 @@ and ``kmock.Server`` plumbing, but serves every resource request (``/api/v1/...`
 from its own store so those semantics are right, and so the real ``kubernetes`` client and ``kubectl``
 can talk to it over HTTP.
 
-Strict mode (``strict=True``, or ``HOMELAB_EMULATOR_STRICT=1`` for every emulator not told otherwise) judges
-every create, update and patch as kube-apiserver does — CRD schemas with pruning, defaulting and CEL rules,
-the official schemas of built-in kinds, object metadata rules — see ``emulator_strict``. Lists page with
+Strict mode (the default; ``strict=False``, or ``HOMELAB_EMULATOR_STRICT=0`` for every emulator not told
+otherwise, turns it off) judges every create, update and patch that arrives over HTTP as kube-apiserver does —
+CRD schemas with pruning, defaulting and CEL rules, the official schemas of built-in kinds, object metadata
+rules — see ``emulator_strict``. The direct helpers ``put_object`` and ``patch_object`` write to the store
+as etcd would take it, past admission (``patch_object(..., admit=True)`` is judged like a client's write): that
+is how a test stores an object a real server would refuse today (one an older server or schema took). Lists page with
 ``limit``/``continue`` and honour ``resourceVersionMatch`` (``emulator_pages``); ``kubectl get`` gets the real
 table columns of the built-in kinds (``emulator_tables``).
 
@@ -282,7 +285,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def put_object(self, group_version: str, plural: str, obj: Mapping[str, Any], namespace: str | None = None) -> Obj:
         """Seed or overwrite an object verbatim (status included), stamping missing server metadata.
 
-        Emits ADDED or MODIFIED to watchers and bumps the resourceVersion, like a real write would.
+        Emits ADDED or MODIFIED to watchers and bumps the resourceVersion, like a real write would. Never judged
+        by strict mode: it stands for what is already in etcd, however it got there.
         """
         spec = self.spec_of(group_version, plural)
         body = copy.deepcopy(dict(obj))
@@ -312,13 +316,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         name: str,
         patch: Mapping[str, Any],
         subresource: str | None = None,
+        *,
+        admit: bool = False,
     ) -> Obj:
-        """Merge-patch an object as a client would (status isolation applies to ``subresource``)."""
+        """Merge-patch an object as a client would (status isolation, immutable metadata, generation).
+
+        Strict mode judges it only with ``admit=True`` (the simulated controllers' writes, as a kubelet's are
+        judged); by default it stores what a test hands it, as ``put_object`` does.
+        """
         spec = self.spec_of(group_version, plural)
         key: ObjKey = (namespace if spec.namespaced else None, name)
         old = self._require(spec, key)
         new = merge_patch(old, dict(patch))
-        return self._write(spec, key, old, new, subresource)
+        return self._write(spec, key, old, new, subresource, admit=admit)
 
     def delete_object(
         self, group_version: str, plural: str, namespace: str | None, name: str, orphan: bool = False
@@ -471,6 +481,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         verb: str = "patch",
         field_validation: str | None = None,
         dry_run: bool = False,
+        admit: bool = True,
     ) -> Obj:
         """Apply the subresource rules and immutable metadata to a proposed new state, admit it, then commit.
 
@@ -518,7 +529,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
-        new = self._admit(spec, verb, new, old, field_validation, subresource)
+        if admit:
+            new = self._admit(spec, verb, new, old, field_validation, subresource)
         meta = new["metadata"]
         generation = int(old_meta.get("generation", 1))
         strip = ("metadata", "status")
@@ -1278,11 +1290,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--strict", action="store_true", help="refuse, prune and default as kube-apiserver does")
+    parser.add_argument(
+        "--strict",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refuse, prune and default as kube-apiserver does (default: on unless HOMELAB_EMULATOR_STRICT=0)",
+    )
     args = parser.parse_args(argv)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with EmulatorServer(port=args.port, host=args.host, strict=args.strict or None) as srv:
+    with EmulatorServer(port=args.port, host=args.host, strict=args.strict) as srv:
         print(f"Kubernetes API emulator serving on {srv.url}", flush=True)
         print(f"  kubectl --server {srv.url} get nodeclaims -A", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -11,7 +11,9 @@ It hooks the emulator through ``KubeEmulator.listeners``, so it reacts to whatev
 operator over HTTP, a test, kubectl. A delay of zero means "now, inside the listener call": with all
 delays zero every reaction is stored before the HTTP request that created the Job returns, so tests on
 Temporal's time-skipping server never race a real clock. Non-zero delays use ``loop.call_later`` on the
-emulator's loop (real time, for ``homelab-autoscaler dev --simulate``).
+emulator's loop (real time, for ``homelab-autoscaler dev --simulate``). The controllers' and kubelets' writes go
+through the emulator's admission (``patch_object(..., admit=True)``), as a real kubelet's are judged; what the
+sim installs at start (``put_object``) is the cluster as it already is.
 
 Not modelled: Pods of Jobs, the node-lifecycle controller's ``node.kubernetes.io/*`` taints, a kubelet
 re-registering a Node deleted while its machine runs (it stays deleted until the next boot), retries
@@ -364,7 +366,8 @@ class Homelab:
     def _on_job(self, job: Obj) -> None:
         meta = job.get("metadata") or {}
         labels = meta.get("labels") or {}
-        machine = self.machines.get(labels.get(names.LABEL_NODE, ""))
+        slot_label = labels.get(names.LABEL_NODE, "")  # the bounded form of the slot's name (names.label_value)
+        machine = next((m for n, m in self.machines.items() if names.label_value(n) == slot_label), None)
         job_type = labels.get(names.LABEL_JOB_TYPE)
         if meta.get("namespace") != self.spec.namespace or machine is None:
             return
@@ -399,7 +402,9 @@ class Homelab:
     def _job_status(self, name: str, uid: str | None, status: Obj) -> bool:
         if self._current_job(name, uid) is None:
             return False
-        self.emulator.patch_object("batch/v1", "jobs", self.spec.namespace, name, {"status": status}, "status")
+        self.emulator.patch_object(
+            "batch/v1", "jobs", self.spec.namespace, name, {"status": status}, "status", admit=True
+        )
         if status.get("conditions"):  # it ended
             for machine in self.machines.values():
                 machine.running_jobs.discard(name)
@@ -534,13 +539,13 @@ class Homelab:
             keys = {_taint_key(t) for t in present}
             merged = present + [t for t in taints if _taint_key(t) not in keys]
             self.emulator.patch_object(
-                *_NODES, None, machine.node_name, {"metadata": {"labels": fresh["metadata"]["labels"]}}
+                *_NODES, None, machine.node_name, {"metadata": {"labels": fresh["metadata"]["labels"]}}, admit=True
             )
             if merged:
-                self.emulator.patch_object(*_NODES, None, machine.node_name, {"spec": {"taints": merged}})
+                self.emulator.patch_object(*_NODES, None, machine.node_name, {"spec": {"taints": merged}}, admit=True)
             previous = (existing.get("status") or {}).get("conditions") or []
             status = {**fresh["status"], "conditions": _kubelet_conditions(False, self._now(), previous)}
-            self.emulator.patch_object(*_NODES, None, machine.node_name, {"status": status}, "status")
+            self.emulator.patch_object(*_NODES, None, machine.node_name, {"status": status}, "status", admit=True)
         self._record(machine, "registered", "Ready=False, readiness taints on")
         if not machine.faults.kubelet_never_ready:
             self._after(machine, machine.timings.ready_seconds, lambda: self._ready(machine))
@@ -562,7 +567,9 @@ class Homelab:
             raise _NodeGone(f"Node {machine.node_name} is gone")
         gone = {_taint_key(t) for t in machine.readiness_taints}
         remaining = [t for t in (node.get("spec") or {}).get("taints") or [] if _taint_key(t) not in gone]
-        self.emulator.patch_object(*_NODES, None, machine.node_name, {"spec": {"taints": remaining or None}})
+        self.emulator.patch_object(
+            *_NODES, None, machine.node_name, {"spec": {"taints": remaining or None}}, admit=True
+        )
         machine.stage = Stage.SETTLED
         self._record(machine, "taints-cleared")
 
@@ -582,7 +589,9 @@ class Homelab:
 
     def _post_conditions(self, machine: Machine, conditions: list[Obj]) -> None:
         """Write the conditions list whole (a merge patch replaces lists), as a status update would."""
-        self.emulator.patch_object(*_NODES, None, machine.node_name, {"status": {"conditions": conditions}}, "status")
+        self.emulator.patch_object(
+            *_NODES, None, machine.node_name, {"status": {"conditions": conditions}}, "status", admit=True
+        )
 
 
 class HomelabServer:

@@ -101,7 +101,7 @@ def _default_pod_spec(action: str) -> PodSpecTemplate:
 class SlotSpec(_Model):
     """One machine: the slot resource's spec plus how the simulated hardware behaves."""
 
-    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL)
+    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)  # any name the slot CRD accepts
     group: str = Field(min_length=1)
     kubernetes_node_name: str | None = Field(default=None, pattern=_DNS_SUBDOMAIN)  # defaults to name
     provider_id: str | None = Field(default=None, alias="providerID")  # the slot's spec.providerID
@@ -122,7 +122,7 @@ class SlotSpec(_Model):
 class GroupEntry(GroupSpec):
     """A Group resource to seed: its name plus its spec, with the CRD's defaults."""
 
-    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL)
+    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)  # any name the Group CRD accepts
 
 
 class HomelabSpec(_Model):
