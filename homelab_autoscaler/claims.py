@@ -231,19 +231,28 @@ def entries(history: WorkflowHistory, *, first_run: bool = True) -> list[Entry]:
 
 
 def timeline(histories: WorkflowHistory | Sequence[WorkflowHistory]) -> list[str]:
-    """What happened to a claim, in time order, one line per move, Job, timer and signal; a repetition (a poll,
-    observations) is one line saying how many and until when. `histories` are the runs, oldest first."""
+    """What happened to a claim, in time order, one line per move, Job, timer and signal; a repetition (a poll)
+    is one line saying how many and until when, and so are the watchers' observations of one phase (at the
+    first). `histories` are the runs, oldest first."""
     runs = [histories] if isinstance(histories, WorkflowHistory) else list(histories)
     merged = sorted(
         (entry for i, run in enumerate(runs) for entry in entries(run, first_run=i == 0)), key=lambda x: x.at
     )
     groups: list[tuple[Entry, int, datetime]] = []
+    observed: int | None = None  # the line counting this phase's observations
     for entry in merged:
-        if groups and groups[-1][0].key == entry.key:
+        if entry.text.startswith(("phase ", "closed: ")):
+            observed = None
+        if entry.key == "observe" and observed is not None:
+            first, count, _ = groups[observed]
+            groups[observed] = (first, count + 1, entry.at)
+        elif groups and groups[-1][0].key == entry.key:
             first, count, _ = groups[-1]
             groups[-1] = (first, count + 1, entry.at)
         else:
             groups.append((entry, 1, entry.at))
+        if entry.key == "observe" and observed is None:
+            observed = len(groups) - 1
     lines: list[str] = []
     day = ""
     for first, count, last in groups:

@@ -404,7 +404,7 @@ def commands() -> Iterator[tuple[str, tuple[str, ...]]]:
     for name, command in roles.ROLES.items():
         yield name, command.sections
     yield "dev", roles.DEV_SECTIONS
-    yield "claims list|show|reset-shutdown-streak", CLAIMS_SECTIONS
+    yield "claims list/show/reset-shutdown-streak", CLAIMS_SECTIONS
 
 
 def main(argv: list[str] | None = None) -> int:
