@@ -2,16 +2,26 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Two installs in one venv: `make run` needs the operator and the simulated homelab only (the `sim` extra);
+# `make test` adds the test toolchain (the `test` extra, which includes `sim`).
+RUN_STAMP := $(VENV)/.run-installed
+STAMP     := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds proto histories e2e soak chaos bytecode clean
+.PHONY: test run lint typecheck unit crds docs proto histories e2e soak chaos bytecode clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --quiet -e '.[sim]'
+	$(MAKE) --no-print-directory bytecode
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(MAKE) --no-print-directory bytecode
-	touch $(STAMP)
+	touch $(RUN_STAMP) $(STAMP)
 
 # Temporal's sandbox imports workflow modules afresh for every workflow it starts: with bytecode on disk that is
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
@@ -33,6 +43,10 @@ test: lint typecheck unit
 
 crds: $(STAMP)
 	$(BIN)/python -m api.crds
+
+# docs/configuration.md from the resource models and the settings sections; a test fails when it is stale.
+docs: $(STAMP)
+	$(BIN)/python -m homelab_autoscaler.docs
 
 proto: $(STAMP)
 	$(BIN)/python -m proto.generate
@@ -59,7 +73,7 @@ chaos: $(STAMP)
 e2e: $(STAMP)
 	$(BIN)/pytest -m e2e tests/e2e -v -rs --timeout 3600
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/homelab-autoscaler dev --simulate --demo
 
 clean:

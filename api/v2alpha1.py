@@ -311,10 +311,10 @@ class ObjectMeta(BaseModel):
 class Taint(_Spec):
     """core/v1 Taint; the effect is checked here because the API server would reject the Node patch later."""
 
-    key: str = Field(min_length=1)
-    value: str | None = None
-    effect: TaintEffect
-    time_added: Time | None = None
+    key: str = Field(min_length=1, description="The taint key.")
+    value: str | None = Field(default=None, description="The taint value, if any.")
+    effect: TaintEffect = Field(description="NoSchedule, PreferNoSchedule or NoExecute.")
+    time_added: Time | None = Field(default=None, description="When a NoExecute taint was added (set by Kubernetes).")
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -361,15 +361,40 @@ class GroupSpec(_Spec):
         }
     )
 
-    min_size: int = Field(default=0, ge=0, le=MAX_GROUP_SIZE)
-    max_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
-    scale_down_utilization_threshold: float | None = Field(default=None, ge=0, le=1)
-    scale_down_gpu_utilization_threshold: float | None = Field(default=None, ge=0, le=1)
-    scale_down_unneeded_time: ScaleDownTime | None = None
-    scale_down_unready_time: ScaleDownTime | None = None
-    max_node_provision_time: ProvisionTime | None = None
-    zero_or_max_node_scaling: bool | None = None
-    ignore_daemon_sets_utilization: bool | None = None
+    min_size: int = Field(
+        default=0, ge=0, le=MAX_GROUP_SIZE, description="Fewest machines cluster-autoscaler keeps on in this group."
+    )
+    max_size: int = Field(
+        ge=0,
+        le=MAX_GROUP_SIZE,
+        description="Most machines on at once (cluster-autoscaler sees it capped at the number of slots).",
+    )
+    scale_down_utilization_threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Utilization below which a node may be scaled down; unset: cluster-autoscaler's default.",
+    )
+    scale_down_gpu_utilization_threshold: float | None = Field(
+        default=None, ge=0, le=1, description="The same for GPU nodes; unset: cluster-autoscaler's default."
+    )
+    scale_down_unneeded_time: ScaleDownTime | None = Field(
+        default=None, description="How long a node stays unneeded before it is scaled down (at most 7 days)."
+    )
+    scale_down_unready_time: ScaleDownTime | None = Field(
+        default=None, description="How long an unready node stays unneeded before it is scaled down (at most 7 days)."
+    )
+    max_node_provision_time: ProvisionTime | None = Field(
+        default=None,
+        description="How long a machine may take to be ready before its claim fails (at most 24h); the provision "
+        "time in force is never below the boot budget of 12m10s.",
+    )
+    zero_or_max_node_scaling: bool | None = Field(
+        default=None, description="Scale the group all the way up or all the way down, never in between."
+    )
+    ignore_daemon_sets_utilization: bool | None = Field(
+        default=None, description="Leave DaemonSet pods out of the utilization that decides a scale-down."
+    )
     node_readiness_taints: list[Taint] = Field(
         default_factory=_default_readiness_taints,
         json_schema_extra={"default": _DEFAULT_READINESS_TAINTS_JSON},
@@ -378,7 +403,10 @@ class GroupSpec(_Spec):
     node_taints: list[Taint] = Field(
         default_factory=list, description="Taints stamped on a node when its claim becomes ready."
     )
-    power_off_node_policy: PowerOffNodePolicy = PowerOffNodePolicy.DELETE
+    power_off_node_policy: PowerOffNodePolicy = Field(
+        default=PowerOffNodePolicy.DELETE,
+        description="Delete the kubelet Node of a machine verified off (it would count as unready), or Keep it.",
+    )
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="Labels of the template node cluster-autoscaler plans with."
     )
@@ -393,13 +421,15 @@ class GroupSpec(_Spec):
 class GroupStatus(_Status):
     """What the operator reports about a group: slot counts, health, the last scale decision."""
 
-    slots: int = Field(default=0, ge=0)
-    on: int = Field(default=0, ge=0)
-    off: int = Field(default=0, ge=0)
-    health: GroupHealth | None = None
-    last_scale_at: Time | None = None
-    last_scale_action: str | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    slots: int = Field(default=0, ge=0, description="Slots (Node resources) in the group.")
+    on: int = Field(default=0, ge=0, description="Slots whose machine is observed on.")
+    off: int = Field(default=0, ge=0, description="Slots whose machine is observed off.")
+    health: GroupHealth | None = Field(default=None, description="Derived from the slots' reports.")
+    last_scale_at: Time | None = Field(default=None, description="When the group last changed its size.")
+    last_scale_action: str | None = Field(default=None, description="What that change was, in words.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Valid (the spec can be used) and Healthy, with reasons."
+    )
 
 
 # --- Node (slot) ---------------------------------------------------------------------------------------
@@ -408,9 +438,9 @@ class GroupStatus(_Status):
 class KeySelector(_Spec):
     """A key of a Secret or ConfigMap: credentials reach the Job by reference, never by value."""
 
-    name: str = Field(min_length=1)
-    key: str = Field(min_length=1)
-    optional: bool | None = None
+    name: str = Field(min_length=1, description="The Secret's or ConfigMap's name, in the slot's namespace.")
+    key: str = Field(min_length=1, description="The key in it.")
+    optional: bool | None = Field(default=None, description="Start the Job even when the key is missing.")
 
 
 class EnvVarSource(_Spec):
@@ -427,8 +457,8 @@ class EnvVarSource(_Spec):
         }
     )
 
-    secret_key_ref: KeySelector | None = None
-    config_map_key_ref: KeySelector | None = None
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
@@ -440,9 +470,9 @@ class EnvVarSource(_Spec):
 class EnvVar(_Spec):
     """One environment variable of a lifecycle Job: a literal value or a Secret/ConfigMap reference."""
 
-    name: str = Field(min_length=1)
-    value: str | None = None
-    value_from: EnvVarSource | None = None
+    name: str = Field(min_length=1, description="The variable's name.")
+    value: str | None = Field(default=None, description="A literal value (never a secret: use valueFrom).")
+    value_from: EnvVarSource | None = Field(default=None, description="A Secret or ConfigMap key instead of a value.")
 
     @model_validator(mode="after")
     def _not_both(self) -> Self:
@@ -454,15 +484,15 @@ class EnvVar(_Spec):
 class SecretEnvSource(_Spec):
     """A whole Secret exposed as environment variables."""
 
-    name: str = Field(min_length=1)
-    optional: bool | None = None
+    name: str = Field(min_length=1, description="The Secret's name, in the slot's namespace.")
+    optional: bool | None = Field(default=None, description="Start the Job even when the Secret is missing.")
 
 
 class ConfigMapEnvSource(_Spec):
     """A whole ConfigMap exposed as environment variables."""
 
-    name: str = Field(min_length=1)
-    optional: bool | None = None
+    name: str = Field(min_length=1, description="The ConfigMap's name, in the slot's namespace.")
+    optional: bool | None = Field(default=None, description="Start the Job even when the ConfigMap is missing.")
 
 
 class EnvFromSource(_Spec):
@@ -479,9 +509,9 @@ class EnvFromSource(_Spec):
         }
     )
 
-    prefix: str | None = None
-    secret_ref: SecretEnvSource | None = None
-    config_map_ref: ConfigMapEnvSource | None = None
+    prefix: str | None = Field(default=None, description="Put before every variable's name.")
+    secret_ref: SecretEnvSource | None = Field(default=None, description="Every key of a Secret.")
+    config_map_ref: ConfigMapEnvSource | None = Field(default=None, description="Every key of a ConfigMap.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
@@ -504,11 +534,11 @@ class VolumeMount(_Spec):
         }
     )
 
-    name: str = Field(min_length=1)
-    mount_path: str = Field(min_length=1)
-    secret_name: str | None = None
-    config_map_name: str | None = None
-    read_only: bool = True
+    name: str = Field(min_length=1, description="The volume's name in the Job's pod.")
+    mount_path: str = Field(min_length=1, description="Where the container sees it.")
+    secret_name: str | None = Field(default=None, description="Mount this Secret (in the slot's namespace).")
+    config_map_name: str | None = Field(default=None, description="Mount this ConfigMap (in the slot's namespace).")
+    read_only: bool = Field(default=True, description="Mount it read-only.")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> Self:
@@ -524,18 +554,20 @@ Quantity = Annotated[str, Field(min_length=1)]
 class ResourceRequirements(_Spec):
     """Requests and limits of the lifecycle container, as Kubernetes quantity strings."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="cpu, memory...: what is reserved.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="cpu, memory...: what may be used at most.")
 
 
 class Toleration(_Spec):
     """core/v1 Toleration, so a lifecycle Job can run on tainted control-plane nodes."""
 
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: TaintEffect | None = None
-    toleration_seconds: int | None = None
+    key: str | None = Field(default=None, description="The taint key tolerated; empty with Exists: every taint.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Equal (the default) or Exists.")
+    value: str | None = Field(default=None, description="The taint value, with Equal.")
+    effect: TaintEffect | None = Field(default=None, description="The effect tolerated; empty: every effect.")
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated before eviction."
+    )
 
 
 class PodSpecTemplate(_Spec):
@@ -544,19 +576,40 @@ class PodSpecTemplate(_Spec):
     Deliberately small: the operator builds the Job, so it can bound it (timeouts, backoff) and label it.
     """
 
-    image: str = Field(min_length=1)
-    command: list[str] | None = None
-    args: list[str] | None = None
-    env: list[EnvVar] = Field(default_factory=list, max_length=256)
-    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=64)
-    volumes: list[VolumeMount] = Field(default_factory=list, max_length=64)
-    service_account: str | None = None
-    resources: ResourceRequirements | None = None
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_TTL_SECONDS)
-    active_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_JOB_SECONDS)
-    backoff_limit: int | None = Field(default=None, ge=0, le=MAX_JOB_BACKOFF)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    image: str = Field(min_length=1, description="The container image that powers the machine on or off.")
+    command: list[str] | None = Field(default=None, description="The entrypoint; unset: the image's.")
+    args: list[str] | None = Field(default=None, description="Its arguments; unset: the image's.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=256, description="Environment variables.")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, max_length=64, description="Whole Secrets or ConfigMaps as variables."
+    )
+    volumes: list[VolumeMount] = Field(
+        default_factory=list, max_length=64, description="Secrets or ConfigMaps mounted as files (keys, configs)."
+    )
+    service_account: str | None = Field(default=None, description="The Job pod's ServiceAccount.")
+    resources: ResourceRequirements | None = Field(default=None, description="The container's requests and limits.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TTL_SECONDS,
+        description=f"When Kubernetes deletes the finished Job; unset: {names.JOB_TTL_SECONDS_AFTER_FINISHED} s.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_JOB_SECONDS,
+        description=f"The Job's time limit; unset: {int(names.JOB_TIMEOUT.total_seconds())} s.",
+    )
+    backoff_limit: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_JOB_BACKOFF,
+        description=f"Retries of the Job's pod before the Job fails; unset: {names.JOB_BACKOFF_LIMIT}.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Where the Job's pod may run.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the Job's pod tolerates (control-plane nodes)."
+    )
 
 
 #: The v1alpha1 name of the same shape.
@@ -566,20 +619,26 @@ MinimalPodSpec = PodSpecTemplate
 class Pricing(_Spec):
     """What a machine costs while on, so cluster-autoscaler's price expander can prefer cheap machines."""
 
-    hourly_rate: float = Field(ge=0)
-    pod_rate: float | None = Field(default=None, ge=0)
+    hourly_rate: float = Field(ge=0, description="What the machine costs per hour while on.")
+    pod_rate: float | None = Field(default=None, ge=0, description="What one pod on it costs per hour.")
 
 
 class NodeSpec(_Spec):
     """A slot: one physical machine the operator may power, and how. There is no power intent here."""
 
-    group: str = Field(min_length=1)
-    kubernetes_node_name: str = Field(min_length=1)
-    provider_id: str | None = Field(default=None, alias="providerID")
-    startup_pod_spec: PodSpecTemplate
-    shutdown_pod_spec: PodSpecTemplate
-    pricing: Pricing | None = None
-    taints_to_remove: list[Taint] = Field(default_factory=list)
+    group: str = Field(min_length=1, description="The Group this slot belongs to (same namespace).")
+    kubernetes_node_name: str = Field(min_length=1, description="The name the machine's kubelet registers.")
+    provider_id: str | None = Field(
+        default=None,
+        alias="providerID",
+        description="The kubelet Node's spec.providerID, if it sets one; else `homelab://<namespace>/<slot>`.",
+    )
+    startup_pod_spec: PodSpecTemplate = Field(description="The Job that powers the machine on.")
+    shutdown_pod_spec: PodSpecTemplate = Field(description="The Job that powers the machine off.")
+    pricing: Pricing | None = Field(default=None, description="What the machine costs, for the price expander.")
+    taints_to_remove: list[Taint] = Field(
+        default_factory=list, description="Taints removed from the node when its claim becomes ready."
+    )
 
 
 class Transition(_Status):
@@ -622,18 +681,30 @@ class NodeTemplate(_Status):
 class NodeStatus(_Status):
     """The slot's report: outputs of the law and of observation, never inputs to a decision."""
 
-    power_state: PowerState | None = None
-    phase: Report | None = None
-    last_transition_time: Time | None = None
-    previous_phase: Report | None = None
-    recent_transitions: list[Transition] = Field(default_factory=list)
-    recent_activations: list[Time] = Field(default_factory=list)
-    activations_total: int = Field(default=0, ge=0)
-    activations_last_24h: int = Field(default=0, ge=0, alias="activationsLast24H")
-    last_claim: ClaimDigest | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = Field(default=None, ge=0)
-    node_template: NodeTemplate | None = None
+    power_state: PowerState | None = Field(default=None, description="Observed power: kubelet Ready means on.")
+    phase: Report | None = Field(default=None, description="The report the law derives from claim and observation.")
+    last_transition_time: Time | None = Field(default=None, description="When the phase last changed.")
+    previous_phase: Report | None = Field(default=None, description="The phase before that.")
+    recent_transitions: list[Transition] = Field(
+        default_factory=list, description="The last phase changes (32 rows, 24 hours at most)."
+    )
+    recent_activations: list[Time] = Field(
+        default_factory=list, description="When the machine was last powered on (512 at most)."
+    )
+    activations_total: int = Field(default=0, ge=0, description="Power-ons since the slot was created.")
+    activations_last_24h: int = Field(
+        default=0, ge=0, alias="activationsLast24H", description="Power-ons in the last 24 hours."
+    )
+    last_claim: ClaimDigest | None = Field(
+        default=None, description="The last claim's story, kept after the claim is collected."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Valid (its pod specs can make Jobs) and Claimable, with reasons."
+    )
+    observed_generation: int | None = Field(default=None, ge=0, description="The spec generation last reported on.")
+    node_template: NodeTemplate | None = Field(
+        default=None, description="The kubelet Node as last seen, for scale-from-zero."
+    )
 
 
 # --- NodeClaim -----------------------------------------------------------------------------------------
@@ -643,11 +714,18 @@ class NodeClaimSpec(_Spec):
     """One request for the machine of one slot; one claim is one attempt."""
 
     node: str = Field(min_length=1, description="The slot (Node) this claim wants powered on.")
-    group: str = Field(min_length=1)
-    requested_at: Time
+    group: str = Field(min_length=1, description="The slot's Group.")
+    requested_at: Time = Field(description="When the machine was asked for.")
     deadline_at: Time | None = Field(default=None, description="Boot deadline; cleared when the claim is ready.")
-    max_node_provision_time: ProvisionTime | None = None
-    ttl_seconds_after_finished: int = Field(default=names.CLAIM_TTL_SECONDS_AFTER_FINISHED, ge=0, le=MAX_TTL_SECONDS)
+    max_node_provision_time: ProvisionTime | None = Field(
+        default=None, description="The provision time in force when the claim was made (the group's, at least 12m10s)."
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=names.CLAIM_TTL_SECONDS_AFTER_FINISHED,
+        ge=0,
+        le=MAX_TTL_SECONDS,
+        description="How long a finished claim is kept before it is deleted.",
+    )
 
     @model_validator(mode="after")
     def _times_on_the_calendar(self) -> Self:
@@ -656,20 +734,22 @@ class NodeClaimSpec(_Spec):
                 raise ValueError(f"{name} {when:%Y-%m-%d} is not a time a claim can have")
         return self
 
-    call: ClaimCall = ClaimCall.MANUAL
+    call: ClaimCall = Field(default=ClaimCall.MANUAL, description="What made the claim.")
 
 
 class NodeClaimStatus(_Status):
     """The claim's record, written only by its workflow. No phase means pending."""
 
-    phase: ClaimPhase | None = None
-    reason: ClaimReason | None = None
-    attempt: int | None = Field(default=None, ge=1)
-    shutdown_attempts: int = Field(default=0, ge=0)
-    last_shutdown_attempt_at: Time | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    finished_at: Time | None = None
-    message: str | None = None
+    phase: ClaimPhase | None = Field(default=None, description="pending, booting, ready, failed or completed.")
+    reason: ClaimReason | None = Field(default=None, description="Why the claim ended (or, for Adopted, began).")
+    attempt: int | None = Field(default=None, ge=1, description="Which boot in a row of this slot it is.")
+    shutdown_attempts: int = Field(default=0, ge=0, description="Shutdown Jobs fired for this claim's machine.")
+    last_shutdown_attempt_at: Time | None = Field(default=None, description="When the last one was fired.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, MachineCommitted and MachineObservedOff, with reasons."
+    )
+    finished_at: Time | None = Field(default=None, description="When the claim reached failed or completed.")
+    message: str | None = Field(default=None, description="The last move, in words.")
     revision: int | None = Field(
         default=None, ge=0, description="The workflow's number for this projection; an older one never lands over it."
     )

@@ -1,150 +1,248 @@
 """The one console script, `homelab-autoscaler`: each subcommand is a role of the operator or a tool for people.
 
-Every setting is a flag (`--temporal-address`), an environment variable (`HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS`)
-or a key of the optional YAML file (`--config`), in that order of precedence; a bad one stops the process with
-one clear line.
+The commands that run roles come from one table (`homelab_autoscaler.roles.ROLES`), and each takes exactly the
+settings sections its roles read (`homelab_autoscaler.settings`). Every setting is a flag (`--temporal-address`),
+an environment variable (`HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS`) and a key of the YAML file given with
+`--config` (`temporal_address`), in that order of precedence over the defaults. A bad value, a busy port or a
+missing file stops the command with one line naming it, and exit code 2.
+
+The variables are named explicitly rather than with click's `auto_envvar_prefix`, which would put the
+subcommand into the name (`..._RUN_TEMPORAL_ADDRESS`): one variable must mean one thing for every command, as
+in a Deployment whose containers run different roles from one environment.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import difflib
 import logging
 import os
 import sys
-import types
-import typing
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, get_args
 
-from pydantic import ValidationError
+import click
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from homelab_autoscaler.settings import Settings, load_settings
+from homelab_autoscaler import autoscaler
+from homelab_autoscaler.errors import UserError
+from homelab_autoscaler.settings import SECTIONS, LoggingSettings, Settings, TemporalSettings
 
-
-def _is_bool(annotation: Any) -> bool:
-    return annotation is bool or (
-        isinstance(annotation, types.UnionType | typing._UnionGenericAlias)  # type: ignore[attr-defined]
-        and bool in typing.get_args(annotation)
-    )
-
-
-def add_setting_flags(parser: argparse.ArgumentParser, model: type[Settings]) -> None:
-    """One flag per setting, named after it; values are validated by the settings model, not by argparse."""
-    group = parser.add_argument_group("settings (also HOMELAB_AUTOSCALER_<NAME> or keys of --config)")
-    group.add_argument("--config", type=Path, default=None, help="YAML file of settings (lowest precedence)")
-    for name, field in model.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_text = field.description or name.replace("_", " ")
-        if _is_bool(field.annotation):
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            group.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+PROG = "homelab-autoscaler"
+ENV_PREFIX = "HOMELAB_AUTOSCALER_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+PHASES = ("pending", "booting", "ready", "failed", "completed")
+CLAIMS_NAMESPACE = "homelab-autoscaler-system"
 
 
-def settings_from(args: argparse.Namespace, model: type[Settings]) -> Settings:
-    flags = {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
-    config = args.config or (
-        Path(os.environ["HOMELAB_AUTOSCALER_CONFIG"]) if os.environ.get("HOMELAB_AUTOSCALER_CONFIG") else None
-    )
-    return load_settings(model, flags, config)
+# --- settings as flags, variables and config keys -------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    """One setting: a field of a section, known by one name as a flag, a variable and a config key."""
+
+    section: str
+    field: str
+    info: FieldInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.alias or self.field
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def is_bool(self) -> bool:
+        return self.info.annotation is bool
+
+    @property
+    def metavar(self) -> str:
+        kinds = {self.info.annotation, *get_args(self.info.annotation)}
+        if Path in kinds:
+            return "FILE"
+        if list in kinds or any(getattr(k, "__origin__", None) is list for k in kinds):
+            return "A,B"
+        if self.name.endswith("_seconds"):
+            return "SECONDS"
+        if int in kinds:
+            return "INTEGER"
+        if float in kinds:
+            return "NUMBER"
+        return "HOST:PORT" if self.name.endswith("_address") else "TEXT"
+
+    @property
+    def default_text(self) -> str:
+        """The default as a person would write it in a flag."""
+        extra = self.info.json_schema_extra
+        if isinstance(extra, dict) and "shown_default" in extra:
+            return str(extra["shown_default"])
+        value = self.info.get_default(call_default_factory=True)
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value) or "empty"
+        return str(value)
+
+    def option(self) -> click.Option:
+        """The click option; its default is None, so a flag not given leaves the variable and file their say."""
+        default = f"default: {self.default_text}; " if self.default_text else ""
+        help_text = f"{self.info.description}  [{default}env: {self.env}]"
+        if self.is_bool:
+            off = "--no-" + self.flag.removeprefix("--")
+            return click.Option([f"{self.flag}/{off}", self.name], default=None, help=help_text)
+        return click.Option([self.flag, self.name], default=None, metavar=self.metavar, help=help_text)
 
 
-def _models() -> dict[str, type[Settings]]:
-    from homelab_autoscaler.roles import DevSettings, RunSettings
-    from provider.settings import ProviderSettings
-    from watchers.settings import WatchSettings
-
-    return {
-        "run": RunSettings,
-        "worker": Settings,
-        "provider": ProviderSettings,
-        "watch": WatchSettings,
-        "dev": DevSettings,
-        "claims": Settings,
-    }
+def section_settings(section: str) -> list[Setting]:
+    model: type[BaseModel] = SECTIONS[section]
+    return [Setting(section, field, info) for field, info in model.model_fields.items()]
 
 
-ROLES = {
-    "run": "worker + provider + watchers in one process (the homelab default)",
-    "worker": "the Temporal worker: every workflow and activity on one task queue",
-    "provider": "the externalgrpc CloudProvider server cluster-autoscaler calls",
-    "watch": "the watchers (observations become signals) and the slot/group report writer",
-    "dev": "an embedded Temporal server with its Web UI, then `run` (--simulate: no cluster needed)",
-}
+def _every_setting() -> dict[str, Setting]:
+    """Every setting of every section by name; a name in two sections would mean two things, and is refused."""
+    found: dict[str, Setting] = {}
+    for section in SECTIONS:
+        for setting in section_settings(section):
+            other = found.setdefault(setting.name, setting)
+            if other is not setting:
+                raise AssertionError(f"setting {setting.name} is in sections {other.section} and {section}")
+    return found
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from homelab_autoscaler import autoscaler
-
-    parser = argparse.ArgumentParser(prog="homelab-autoscaler", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    models = _models()
-    for name, what in ROLES.items():
-        add_setting_flags(sub.add_parser(name, help=what, description=what), models[name])
-    claims = sub.add_parser("claims", help="claims from the terminal: list, show, reset-shutdown-streak")
-    claims_sub = claims.add_subparsers(dest="claims_command", required=True)
-    listing = claims_sub.add_parser("list", help="claims from Temporal visibility")
-    listing.add_argument("--group")
-    listing.add_argument("--slot")
-    listing.add_argument("--phase", choices=["pending", "booting", "ready", "failed", "completed"])
-    show = claims_sub.add_parser("show", help="a claim's timeline from its workflow history")
-    show.add_argument("name")
-    reset = claims_sub.add_parser("reset-shutdown-streak", help="let a paused scale-down fire again now")
-    reset.add_argument("name")
-    for p in (listing, show, reset):
-        p.add_argument("--namespace", default="homelab-autoscaler-system", help="the claims' Kubernetes namespace")
-        add_setting_flags(p, Settings)
-    auto = sub.add_parser("autoscaler", help="call the provider exactly as cluster-autoscaler would")
-    autoscaler.add_arguments(auto)
-    return parser
+ALL_SETTINGS = _every_setting()
 
 
-async def _claims(args: argparse.Namespace, settings: Settings) -> int:
-    from api import contracts as c
-    from homelab_autoscaler import claims
-    from homelab_autoscaler.temporal import connect
-
-    client = await connect(settings)
-    if args.claims_command == "list":
-        rows = await claims.list_claims(client, group=args.group, slot=args.slot, phase=args.phase)
-        print(claims.format_rows(rows))
-        return 0
-    handle = client.get_workflow_handle(c.claim_workflow_id(args.namespace, args.name))
-    if args.claims_command == "show":
-        print("\n".join(claims.timeline(await handle.fetch_history())))
-        return 0
-    before = await handle.execute_update("reset_shutdown_streak", result_type=int)
-    print(f"claim {args.name}: shutdown streak reset (it had {before} attempts); the scale-down fires again now")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse, validate the settings, run the chosen role or tool."""
-    args = build_parser().parse_args(argv)
-    if args.command == "autoscaler":
-        from homelab_autoscaler import autoscaler
-
-        return autoscaler.main(args)
+def read_config(path: Path) -> dict[str, Any]:
+    """The YAML file of `--config`: a mapping of setting names. A key that is no setting of any command is a
+    typo and refused; a key of another command's sections is ignored, so one file serves every role."""
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
     try:
-        settings = settings_from(args, _models()[args.command])
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        print(f"homelab-autoscaler: bad setting {where}: {first['msg']}", file=sys.stderr)
-        return 2
-    except ValueError as err:
-        print(f"homelab-autoscaler: {err}", file=sys.stderr)
-        return 2
-    from homelab_autoscaler import roles
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise UserError(f"config file {where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path}: expected a mapping of settings (temporal_address: ...)")
+    for key in data:
+        if key not in ALL_SETTINGS:
+            close = difflib.get_close_matches(str(key), ALL_SETTINGS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UserError(f"config file {path}: unknown setting {key}{hint}")
+    return data
 
-    roles.setup_logging(settings)
+
+def load_settings(
+    sections: tuple[str, ...],
+    flags: Mapping[str, Any],
+    config: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Settings:
+    """The command's sections from flags over `HOMELAB_AUTOSCALER_*` over the config file over the defaults,
+    each validated once; the first bad value is one `UserError` naming the setting and where it came from.
+
+    A variable counts when it is set, even to "" (`HOMELAB_AUTOSCALER_METRICS_ADDRESS=` turns metrics off).
+    """
+    from_file = read_config(config) if config is not None else {}
+    built: dict[str, BaseModel] = {}
+    for section in sections:
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for setting in section_settings(section):
+            if flags.get(setting.name) is not None:
+                values[setting.name], sources[setting.name] = flags[setting.name], setting.flag
+            elif setting.env in environ:
+                values[setting.name], sources[setting.name] = environ[setting.env], setting.env
+            elif setting.name in from_file:
+                values[setting.name], sources[setting.name] = from_file[setting.name], f"config file {config}"
+        try:
+            built[section] = SECTIONS[section].model_validate(values)
+        except ValidationError as err:
+            raise UserError(_one_line(err, sources)) from None
+    return Settings.model_validate(built)
+
+
+def _one_line(err: ValidationError, sources: Mapping[str, str]) -> str:
+    first = err.errors(include_url=False)[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if first["loc"]:
+        name = str(first["loc"][0])
+        return f"bad setting {name} (from {sources.get(name, 'its default')}): {message}; got {first['input']!r}"
+    return f"bad settings: {message}"
+
+
+# --- commands --------------------------------------------------------------------------------------------------
+class SettingsCommand(click.Command):
+    """A command with settings sections: its --help lists the settings by section, each with its variable."""
+
+    def __init__(
+        self,
+        name: str,
+        sections: tuple[str, ...],
+        run: Callable[[Settings, dict[str, Any]], int],
+        *,
+        help: str,
+        params: list[click.Parameter] | None = None,
+    ) -> None:
+        self.sections = sections
+        self.run = run
+        options = [s.option() for section in sections for s in section_settings(section)]
+        config = click.Option(
+            ["--config", "config"],
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            envvar=CONFIG_ENV,
+            help=f"YAML file of settings (keys are the setting names; lowest precedence)  [env: {CONFIG_ENV}]",
+        )
+        super().__init__(name, params=[*(params or []), config, *options], callback=self._invoke, help=help)
+
+    def _invoke(self, **kwargs: Any) -> int:
+        names = {s.name for section in self.sections for s in section_settings(section)}
+        flags = {k: v for k, v in kwargs.items() if k in names}
+        args = {k: v for k, v in kwargs.items() if k not in names and k != "config"}
+        try:
+            settings = load_settings(self.sections, flags, kwargs.get("config"))
+        except UserError as err:
+            raise click.UsageError(str(err)) from None
+        return self.run(settings, args)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = {s.name for section in self.sections for s in section_settings(section)}
+        own = [r for p in self.get_params(ctx) if p.name not in names and (r := p.get_help_record(ctx))]
+        with formatter.section("Options"):
+            formatter.write_dl(own)
+        for section in self.sections:
+            title = Settings.model_fields[section].title or section
+            records = [r for s in section_settings(section) if (r := s.option().get_help_record(ctx))]
+            with formatter.section(f"{title} settings"):
+                formatter.write_dl(records)
+
+
+def _finish(command: str, run: Callable[[], int]) -> NoReturn:
+    """Run a command that used a Temporal client, say any failure in one line, and leave through os._exit."""
     try:
-        rc = _run(args, settings)
+        rc = run()
     except KeyboardInterrupt:
         rc = 130
+    except UserError as err:
+        print(f"{PROG} {command}: {err}", file=sys.stderr)
+        rc = 2
     except (OSError, RuntimeError, TimeoutError) as err:
-        print(f"homelab-autoscaler {args.command}: {err}", file=sys.stderr)
+        print(f"{PROG} {command}: {err}", file=sys.stderr)
         rc = 1
     # A process that used a Temporal client can abort in interpreter teardown while the SDK's Rust threads still
     # run (PyGILState_Release, temporalio/sdk-python#300). Everything is stopped and flushed by now: skip it.
@@ -154,14 +252,178 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(rc)
 
 
-def _run(args: argparse.Namespace, settings: Settings) -> int:
+def _role_command(name: str) -> SettingsCommand:
     from homelab_autoscaler import roles
 
-    if args.command == "claims":
-        return asyncio.run(_claims(args, settings))
-    if args.command in roles.ROLES:
-        return asyncio.run(roles.run_command(args.command, settings))
-    return asyncio.run(roles.dev_role(settings))  # type: ignore[arg-type]
+    def run(settings: Settings, _: dict[str, Any]) -> int:
+        from homelab_autoscaler.roles import run_command, setup_logging
+
+        setup_logging(settings.section(LoggingSettings))
+        _finish(name, lambda: asyncio.run(run_command(name, settings)))
+
+    command = roles.ROLES[name]
+    return SettingsCommand(name, command.sections, run, help=command.help)
+
+
+def _dev_command() -> SettingsCommand:
+    from homelab_autoscaler import roles
+
+    def run(settings: Settings, _: dict[str, Any]) -> int:
+        from homelab_autoscaler.roles import dev_role, setup_logging
+
+        setup_logging(settings.section(LoggingSettings))
+        _finish("dev", lambda: asyncio.run(dev_role(settings)))
+
+    return SettingsCommand("dev", roles.DEV_SECTIONS, run, help=roles.DEV_HELP)
+
+
+# --- claims: a client of Temporal, nothing more --------------------------------------------------------------------
+CLAIMS_SECTIONS = ("temporal",)
+
+
+def _claims_command(
+    name: str,
+    help: str,
+    params: list[click.Parameter],
+    action: Callable[..., Coroutine[Any, Any, int]],
+) -> SettingsCommand:
+    def run(settings: Settings, args: dict[str, Any]) -> int:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        temporal = settings.section(TemporalSettings)
+        _finish(f"claims {name}", lambda: asyncio.run(action(temporal, **args)))
+
+    return SettingsCommand(name, CLAIMS_SECTIONS, run, help=help, params=params)
+
+
+def _claims_group() -> click.Group:
+    from homelab_autoscaler import claims
+
+    namespace = click.Option(
+        ["--namespace"], default=CLAIMS_NAMESPACE, show_default=True, help="the claim's Kubernetes namespace"
+    )
+    group = click.Group("claims", help="claims from the terminal: list, show, reset-shutdown-streak")
+    group.add_command(
+        _claims_command(
+            "list",
+            "claims from Temporal visibility, newest first",
+            [
+                click.Option(["--group"], help="only the claims of this Group"),
+                click.Option(["--slot"], help="only the claims of this slot"),
+                click.Option(["--phase"], type=click.Choice(PHASES), help="only the claims in this phase"),
+            ],
+            claims.list_command,
+        )
+    )
+    group.add_command(
+        _claims_command(
+            "show",
+            "a claim's timeline from its workflow history, then what it waits for now",
+            [click.Argument(["name"]), namespace],
+            claims.show_command,
+        )
+    )
+    group.add_command(
+        _claims_command(
+            "reset-shutdown-streak",
+            "let a paused scale-down fire again now",
+            [click.Argument(["name"]), namespace],
+            claims.reset_command,
+        )
+    )
+    return group
+
+
+# --- autoscaler: the provider called as cluster-autoscaler calls it ------------------------------------------------
+def _autoscaler_group() -> click.Group:
+    file = click.Path(path_type=Path, dir_okay=False)
+
+    def connect(ctx: click.Context, **kwargs: Any) -> None:
+        ctx.obj = autoscaler.Target(**kwargs)
+
+    group = click.Group(
+        "autoscaler",
+        help="call the provider exactly as cluster-autoscaler would",
+        callback=click.pass_context(connect),
+        params=[
+            click.Option(
+                ["--provider-address"], default="127.0.0.1:8086", show_default=True, help="the provider's host:port"
+            ),
+            click.Option(["--tls-cert"], type=file, help="client certificate (PEM) for mTLS"),
+            click.Option(["--tls-key"], type=file, help="client key (PEM)"),
+            click.Option(["--tls-ca"], type=file, help="CA (PEM) that signed the provider's certificate"),
+            click.Option(["--server-name"], help="name to verify in the provider's certificate"),
+            click.Option(
+                ["--timeout"],
+                type=float,
+                default=5.0,
+                show_default=True,
+                help="deadline of each call (cluster-autoscaler: 5 s)",
+            ),
+        ],
+    )
+    for name, (what, _) in autoscaler.COMMANDS.items():
+        params: list[click.Parameter] = []
+        if name not in ("node-groups", "for-node"):
+            params.append(click.Argument(["group"]))
+        if name in ("increase", "decrease"):
+            params.append(click.Argument(["delta"], type=int))
+        if name == "delete-nodes":
+            params.append(click.Argument(["nodes"], nargs=-1, required=True))
+        if name == "for-node":
+            params += [click.Argument(["node"]), click.Option(["--provider-id"], default="", help="spec.providerID")]
+
+        def call(ctx: click.Context, name: str = name, **kwargs: Any) -> int:
+            target: autoscaler.Target = ctx.obj
+            try:
+                return autoscaler.main(target, autoscaler.Call(name, timeout=target.timeout, **kwargs))
+            except (ValueError, OSError) as err:
+                raise UserError(str(err)) from None
+
+        group.add_command(click.Command(name, params=params, help=what, callback=click.pass_context(call)))
+    return group
+
+
+def build_cli() -> click.Group:
+    """The whole command tree: the role commands from `roles.ROLES`, dev, claims and autoscaler."""
+    from homelab_autoscaler import roles
+
+    context = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
+    cli = click.Group(PROG, help=__doc__.split("\n\n")[0], context_settings=context)
+    for name in roles.ROLES:
+        cli.add_command(_role_command(name))
+    cli.add_command(_dev_command())
+    cli.add_command(_claims_group())
+    cli.add_command(_autoscaler_group())
+    return cli
+
+
+def commands() -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Every command that takes settings and its sections, for docs/configuration.md."""
+    from homelab_autoscaler import roles
+
+    for name, command in roles.ROLES.items():
+        yield name, command.sections
+    yield "dev", roles.DEV_SECTIONS
+    yield "claims list/show/reset-shutdown-streak", CLAIMS_SECTIONS
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, validate the settings, run the chosen role or tool; a mistake is one line and exit code 2."""
+    try:
+        result = build_cli().main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.UsageError as err:
+        where = err.ctx.command_path if err.ctx else PROG
+        print(f"{where}: {err.format_message()} (see {where} --help)", file=sys.stderr)
+        return 2
+    except UserError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    except click.ClickException as err:
+        print(f"{PROG}: {err.format_message()}", file=sys.stderr)
+        return err.exit_code
+    except click.Abort:
+        return 130
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -12,50 +12,46 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field
+import yaml
 from temporalio.client import Client
 
 from activities import KubeActivities
+from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
-from homelab_autoscaler.settings import Settings
+from homelab_autoscaler.ports import Port, check_free, split_address
+from homelab_autoscaler.settings import (
+    DevSettings,
+    HealthSettings,
+    LoggingSettings,
+    MetricsSettings,
+    NamespaceSettings,
+    QueueSettings,
+    Settings,
+    TemporalSettings,
+    WorkerSettings,
+)
 from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
 from kube.adapter import Kube
+from kube.settings import KubeSettings
 from provider.server import serve as serve_provider
 from provider.service import CloudProvider
 from provider.settings import ProviderSettings
 from watchers.main import build_watchers
 from watchers.settings import WatchSettings
 
+if TYPE_CHECKING:
+    from homelab_autoscaler.sim.homelab_spec import HomelabSpec
+
 log = logging.getLogger("homelab_autoscaler")
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_HOMELAB = ROOT / "deploy" / "examples" / "homelab.yaml"
-
-
-class RunSettings(ProviderSettings, WatchSettings):
-    """`run`: the worker, the provider and the watchers in one process (the homelab default)."""
-
-
-class DevSettings(RunSettings):
-    """`dev`: an embedded Temporal dev server with its Web UI, then everything of `run`."""
-
-    temporal_ip: str = Field("127.0.0.1", description="address the embedded Temporal server binds")
-    temporal_port: int = Field(7233, ge=1, le=65535, description="frontend port of the embedded Temporal server")
-    ui_port: int = Field(8233, ge=1, le=65535, description="port of the Temporal Web UI")
-    temporal_db: Path | None = Field(None, description="SQLite file of the embedded server (default: state dir)")
-    simulate: bool = Field(False, description="serve an emulated API server with the simulated homelab")
-    homelab: Path = Field(DEFAULT_HOMELAB, description="the simulated homelab's YAML file")
-    kube_port: int = Field(8001, ge=0, le=65535, description="port of the emulated API server (with --simulate)")
-    time_scale: float = Field(1.0, ge=0, description="multiply the simulated machines' delays (0: instant)")
-    demo: bool = Field(False, description="run the scripted demo once everything is up")
 
 
 # --- logging -----------------------------------------------------------------------------------------------
@@ -97,16 +93,17 @@ class ClaimContext(logging.Filter):
         return True
 
 
-def setup_logging(settings: Settings) -> None:
+def setup_logging(settings: LoggingSettings) -> None:
+    """One handler on stderr, text or JSON, naming the claim, slot and group a record is about."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(ClaimContext())
-    if settings.log_format == "json":
+    if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s %(context)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings.log_level)
+    root.setLevel(settings.level)
     # The emulated API server's access log would drown the operator's own lines.
     logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, root.level))
 
@@ -121,13 +118,13 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def checked_client(settings: Settings) -> Client | None:
+async def checked_client(temporal: TemporalSettings, metrics: MetricsSettings | None) -> Client | None:
     """Connect, and refuse to go on when the search attributes are missing (a workflow would stall)."""
-    client = await connect(settings)
-    missing = await missing_search_attributes(client, settings.temporal_namespace)
+    client = await connect(temporal, metrics)
+    missing = await missing_search_attributes(client, temporal.namespace)
     if missing:
         hint = "; ".join(
-            f"temporal operator search-attribute create --namespace {settings.temporal_namespace} --name {n} "
+            f"temporal operator search-attribute create --namespace {temporal.namespace} --name {n} "
             f"--type {'Int' if n == 'ClaimAttempt' else 'Keyword'}"
             for n in missing
         )
@@ -142,7 +139,8 @@ async def checked_client(settings: Settings) -> Client | None:
 # --- the roles: each takes what the composition hands it, and never connects on its own -----------------------
 @dataclass
 class Process:
-    """What a role is handed: the settings, the process's Temporal client and adapter, its stop, its health."""
+    """What a role is handed: the command's settings, the process's Temporal client and adapter, its stop, its
+    health."""
 
     settings: Settings
     client: Client
@@ -154,59 +152,124 @@ class Process:
 
 async def worker(p: Process) -> None:
     """Every workflow and activity on one task queue, until stop."""
+    queue = p.settings.section(QueueSettings)
     built = build_worker(
         p.client,
         KubeActivities(p.kube).all(),
-        task_queue=p.settings.task_queue,
-        max_activity_threads=p.settings.activity_threads,
+        task_queue=queue.task_queue,
+        max_activity_threads=p.settings.section(WorkerSettings).activity_threads,
     )
-    settings = p.settings
-    log.info(
-        "worker polling %s on %s (%s)", settings.task_queue, settings.temporal_address, settings.temporal_namespace
-    )
+    temporal = p.settings.section(TemporalSettings)
+    log.info("worker polling %s on %s (%s)", queue.task_queue, temporal.address, temporal.namespace)
     async with built:
         await p.stop.wait()
 
 
 async def provider(p: Process) -> None:
     """The externalgrpc CloudProvider server, until stop; it answers UNAVAILABLE while Temporal is unreachable."""
-    settings = cast(ProviderSettings, p.settings)
-    built = CloudProvider.build(settings, p.client, p.kube, temporal_unreachable=p.temporal.describe)
+    settings = p.settings.section(ProviderSettings)
+    built = CloudProvider.build(
+        settings,
+        p.client,
+        p.kube,
+        namespaces=p.settings.section(NamespaceSettings).namespaces,
+        task_queue=p.settings.section(QueueSettings).task_queue,
+        temporal_unreachable=p.temporal.describe,
+    )
     await serve_provider(settings, built, p.stop)
 
 
 async def watch(p: Process) -> None:
     """The watchers and the report writer, until stop; ready once every watch has listed."""
-    settings = cast(WatchSettings, p.settings)
-    watchers = build_watchers(settings, p.client, p.kube)
+    settings = p.settings.section(WatchSettings)
+    watchers = build_watchers(
+        settings,
+        p.client,
+        p.kube,
+        namespaces=p.settings.section(NamespaceSettings).namespaces,
+        task_queue=p.settings.section(QueueSettings).task_queue,
+    )
     p.health.add(Probe("watches", watchers.not_ready))
     p.health.alive = lambda: "" if watchers.alive() else "a watch thread stopped"
     await watchers.run(p.stop, renew_every=settings.lease_renew_seconds)
 
 
-Role = Callable[[Process], Coroutine[Any, Any, None]]
-# The roles each command runs in one process (run is the homelab default: all three on one client).
-ROLES: dict[str, tuple[Role, ...]] = {
-    "worker": (worker,),
-    "provider": (provider,),
-    "watch": (watch,),
-    "run": (worker, provider, watch),
+@dataclass(frozen=True)
+class Role:
+    """A role of the operator: what it runs in a process, and the settings sections it reads besides the
+    process's own (`PROCESS_SECTIONS`)."""
+
+    name: str
+    run: Callable[[Process], Coroutine[Any, Any, None]]
+    sections: tuple[str, ...]
+
+
+WORKER = Role("worker", worker, ("queue", "worker"))
+PROVIDER = Role("provider", provider, ("queue", "namespaces", "provider"))
+WATCH = Role("watch", watch, ("queue", "namespaces", "watch"))
+
+# What every process that runs roles reads: Temporal and the API server, its health and metrics, its logging.
+PROCESS_SECTIONS = ("temporal", "kube", "health", "metrics", "logging")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand that runs roles in one process; it takes exactly the settings sections they read."""
+
+    help: str
+    roles: tuple[Role, ...]
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        wanted = {*PROCESS_SECTIONS, *(s for role in self.roles for s in role.sections)}
+        return tuple(name for name in Settings.model_fields if name in wanted)
+
+
+# The commands that run roles, each in one process (run is the homelab default: all three on one client). The
+# command line, its settings and docs/configuration.md are built from this table.
+ROLES: dict[str, Command] = {
+    "run": Command("worker + provider + watchers in one process (the homelab default)", (WORKER, PROVIDER, WATCH)),
+    "worker": Command("the Temporal worker: every workflow and activity on one task queue", (WORKER,)),
+    "provider": Command("the externalgrpc CloudProvider server cluster-autoscaler calls", (PROVIDER,)),
+    "watch": Command("the watchers (observations become signals) and the slot/group report writer", (WATCH,)),
 }
+
+# `dev` runs `run` on an embedded Temporal server of its own: no Temporal client settings, the dev section.
+DEV_HELP = "an embedded Temporal server with its Web UI, then `run` (--simulate: no cluster needed)"
+DEV_SECTIONS = tuple(
+    name for name in Settings.model_fields if name == "dev" or (name in ROLES["run"].sections and name != "temporal")
+)
+
+
+def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:
+    """The ports a process of these roles listens on: health, metrics, and the provider's."""
+    health = settings.section(HealthSettings)
+    ports = [Port(health.host, health.port, "the health endpoints", "--health-port")]
+    metrics = settings.section(MetricsSettings)
+    if metrics.address and (at := split_address(metrics.address)):
+        ports.append(Port(*at, "the Prometheus /metrics endpoint", "--metrics-address"))
+    if PROVIDER in roles and (at := split_address(settings.section(ProviderSettings).address)):
+        ports.append(Port(*at, "the provider (cluster-autoscaler's endpoint)", "--provider-address"))
+    return ports
 
 
 async def compose(
     settings: Settings, roles: tuple[Role, ...], stop: asyncio.Event, *, extra: list[Awaitable[Any]] | None = None
 ) -> int:
     """The one place that connects: a Temporal client and an adapter, the health endpoints with Temporal and the
-    API server as readiness probes, then the roles; the first role to fail stops the rest.
+    API server as readiness probes, then the roles; the first role to fail stops the rest. The ports are checked
+    first, so a busy one stops the process before anything binds.
     """
-    client = await checked_client(settings)
+    check_free(process_ports(settings, roles))
+    temporal_settings = settings.section(TemporalSettings)
+    client = await checked_client(temporal_settings, settings.section(MetricsSettings))
     if client is None:
         return 2
-    kube = Kube.for_settings(settings)
-    health = HealthServer(settings.health_host, settings.health_port)
+    kube = Kube.for_settings(settings.section(KubeSettings))
+    health_settings = settings.section(HealthSettings)
+    health = HealthServer(health_settings.host, health_settings.port)
     temporal = Reachability(
-        f"Temporal at {settings.temporal_address}",
+        f"Temporal at {temporal_settings.address}",
         lambda: client.service_client.check_health(timeout=timedelta(seconds=PING_TIMEOUT)),
     )
     api = Reachability("the Kubernetes API server", lambda: asyncio.to_thread(kube.ping, PING_TIMEOUT))
@@ -214,9 +277,9 @@ async def compose(
     health.add(api.probe())
     process = Process(settings, client, kube, stop, health, temporal)
     port = await health.start()
-    log.info("health endpoints on %s:%d (/healthz, /readyz)", settings.health_host, port)
+    log.info("health endpoints on %s:%d (/healthz, /readyz)", health_settings.host, port)
     monitors = [asyncio.create_task(m.run(stop), name=f"ping {m.name}") for m in (temporal, api)]
-    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(role(process)) for role in roles]
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(role.run(process)) for role in roles]
     tasks += [asyncio.ensure_future(e) for e in extra or []]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -236,35 +299,89 @@ async def compose(
 
 async def run_command(command: str, settings: Settings) -> int:
     """`worker`, `provider`, `watch` or `run`: its roles in this process until SIGINT/SIGTERM."""
-    return await compose(settings, ROLES[command], stop_on_signals())
+    return await compose(settings, ROLES[command].roles, stop_on_signals())
 
 
 # --- dev ---------------------------------------------------------------------------------------------------------
-def no_cluster_configured(settings: Settings) -> bool:
+def no_cluster_configured(kube: KubeSettings) -> bool:
     """No API server named, no kubeconfig, not in a pod: `dev` then simulates the homelab."""
-    import os
-
     return (
-        settings.kube_server is None
-        and settings.kubeconfig is None
+        kube.server is None
+        and kube.kubeconfig is None
         and "KUBERNETES_SERVICE_HOST" not in os.environ
         and not os.environ.get("KUBECONFIG")
         and not (Path.home() / ".kube" / "config").exists()
     )
 
 
-async def dev_role(settings: DevSettings) -> int:
-    """The embedded Temporal server (and the simulated homelab), then `run`; everything stops on SIGTERM."""
+def read_homelab(path: Path) -> HomelabSpec:
+    """The simulated homelab's file, or one line saying what is wrong with it (file, line, field) and the fix."""
+    from homelab_autoscaler.sim.homelab_spec import HomelabSpecError, parse_homelab_spec
+
+    example = "deploy/examples/homelab.yaml is an example"
+    if not path.is_file():
+        raise UserError(f"--homelab {path}: no such file ({example})")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"--homelab {path}: cannot read it: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"--homelab {where}: not valid YAML: {problem} ({example})") from None
+    if data is None:
+        raise UserError(f"--homelab {path} is empty: a homelab has apiVersion, kind, groups and slots ({example})")
+    try:
+        return parse_homelab_spec(data, str(path))
+    except HomelabSpecError as err:
+        raise UserError(f"--homelab {' '.join(str(err).split())} ({example})") from None
+
+
+def dev_ports(settings: Settings, simulate: bool) -> list[Port]:
+    """Every port `dev` listens on: the embedded Temporal server and its UI, the emulator, then `run`'s."""
+    dev = settings.section(DevSettings)
+    ports = [
+        Port(dev.temporal_ip, dev.temporal_port, "the embedded Temporal server", "--temporal-port"),
+        Port(dev.temporal_ip, dev.ui_port, "the Temporal Web UI", "--ui-port"),
+    ]
+    if simulate:
+        ports.append(Port("127.0.0.1", dev.kube_port, "the simulated homelab's API server", "--kube-port"))
+    return ports + process_ports(settings, ROLES["run"].roles)
+
+
+async def dev_role(settings: Settings) -> int:
+    """The embedded Temporal server (and the simulated homelab), then `run`; everything stops on SIGTERM.
+
+    Everything a person can get wrong (the homelab file, a busy port, the `temporal` binary) is checked before
+    anything is started or deleted, so a second `dev` beside a running one leaves the first untouched.
+    """
     from homelab_autoscaler.demo import demo_task
-    from homelab_autoscaler.devserver import DevServer, state_dir
-    from homelab_autoscaler.sim.homelab import HomelabServer
-    from homelab_autoscaler.sim.homelab_spec import load_homelab_spec
+    from homelab_autoscaler.devserver import DevServer, state_dir, temporal_binary
+
+    dev = settings.section(DevSettings)
+    kube_settings = settings.section(KubeSettings)
+    if dev.simulate and (kube_settings.server or kube_settings.kubeconfig or kube_settings.context):
+        raise UserError("--simulate serves its own API server: drop --kube-server, --kubeconfig and --kube-context")
+    simulate = dev.simulate or no_cluster_configured(kube_settings)
+    spec = read_homelab(dev.homelab) if simulate else None
+    check_free(dev_ports(settings, simulate))
+    try:
+        temporal_binary()
+        if simulate:
+            from homelab_autoscaler.sim.homelab import HomelabServer
+    except FileNotFoundError as err:
+        raise UserError(str(err)) from None
+    except ImportError as err:
+        raise UserError(
+            f"--simulate needs the simulated homelab's packages ({err.name} is missing): "
+            "pip install -e '.[sim]' (make run does)"
+        ) from None
 
     stop = stop_on_signals()
     logs = state_dir()
     logs.mkdir(parents=True, exist_ok=True)
-    simulate = settings.simulate or no_cluster_configured(settings)
-    db_file = settings.temporal_db
+    db_file = dev.temporal_db
     if simulate and db_file is None:
         # The simulated homelab lives in memory: claims persisted from an earlier run would describe machines
         # this one does not have. A simulation starts from an empty Temporal database of its own.
@@ -272,9 +389,9 @@ async def dev_role(settings: DevSettings) -> int:
         for stale in (db_file, db_file.with_name(db_file.name + "-wal"), db_file.with_name(db_file.name + "-shm")):
             stale.unlink(missing_ok=True)
     server = DevServer(
-        ip=settings.temporal_ip,
-        port=settings.temporal_port,
-        ui_port=settings.ui_port,
+        ip=dev.temporal_ip,
+        port=dev.temporal_port,
+        ui_port=dev.ui_port,
         db_file=db_file,
         log_file=logs / "temporal-dev-server.log",
     )
@@ -283,23 +400,24 @@ async def dev_role(settings: DevSettings) -> int:
     await asyncio.to_thread(server.start)
     lab: HomelabServer | None = None
     try:
-        updates: dict[str, Any] = {"temporal_address": server.address}
-        if simulate:
-            spec = load_homelab_spec(settings.homelab)
-            lab = HomelabServer(spec, port=settings.kube_port, time_scale=settings.time_scale)
+        temporal = TemporalSettings(address=server.address)
+        updates: dict[str, Any] = {"temporal": temporal}
+        if spec is not None:
+            lab = HomelabServer(spec, port=dev.kube_port, time_scale=dev.time_scale)
             await asyncio.to_thread(lab.start)
-            updates["kube_server"] = lab.url
-            print(f"simulated homelab ({settings.homelab.name}) served at {lab.url}; look at it with:", flush=True)
+            updates["kube"] = kube_settings.model_copy(update={"server": lab.url})
+            print(f"simulated homelab ({dev.homelab.name}) served at {lab.url}; look at it with:", flush=True)
             print(f"  KUBECONFIG=/dev/null kubectl --server {lab.url} get nodes.infra.homecluster.dev,nodeclaims -A",
                   flush=True)  # fmt: skip
         run_settings = settings.model_copy(update=updates)
-        print(f"Temporal Web UI: {server.ui_url}/namespaces/{settings.temporal_namespace}/workflows", flush=True)
-        print(f"cluster-autoscaler's endpoint (externalgrpc): {settings.provider_address}", flush=True)
+        provider_address = settings.section(ProviderSettings).address
+        print(f"Temporal Web UI: {server.ui_url}/namespaces/{temporal.namespace}/workflows", flush=True)
+        print(f"cluster-autoscaler's endpoint (externalgrpc): {provider_address}", flush=True)
         extra: list[Awaitable[Any]] = []
-        if settings.demo:
-            client = await connect(run_settings)
-            extra.append(demo_task(client, settings.provider_address, server.ui_url, settings.temporal_namespace))
-        return await compose(run_settings, ROLES["run"], stop, extra=extra)
+        if dev.demo:
+            client = await connect(temporal)
+            extra.append(demo_task(client, provider_address, server.ui_url, temporal.namespace))
+        return await compose(run_settings, ROLES["run"].roles, stop, extra=extra)
     finally:
         if lab is not None:
             await asyncio.to_thread(lab.stop)

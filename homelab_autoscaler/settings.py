@@ -1,80 +1,197 @@
-"""Settings from flags, HOMELAB_AUTOSCALER_* environment variables and an optional file, validated once."""
+"""The operator's settings, grouped by concern into sections, and a command's settings: the sections it takes.
+
+A section is a pydantic model of one concern (reaching Temporal, the provider's server, the watchers' Lease...);
+each field's alias (else its name) is the setting's name: the flag `--<name>`, the environment variable
+`HOMELAB_AUTOSCALER_<NAME>` and the config file's key `<name>`, one meaning each across every command. A
+command fills only the sections its roles read (`homelab_autoscaler.roles.ROLES`), so `claims list` offers no
+worker setting and a role cannot read a setting its command never took. Owners keep their own section
+(`kube/settings.py`, `provider/settings.py`, `watchers/settings.py`); the rest are here.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Self, TypeVar, get_args
 
-from pydantic import Field, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.contracts import TASK_QUEUE
+from kube.settings import KubeSettings
+from provider.settings import DEFAULT_NAMESPACE, Names, ProviderSettings
+from watchers.settings import WatchSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_HOMELAB = ROOT / "deploy" / "examples" / "homelab.yaml"
+
+SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
 
 
-class Settings(BaseSettings):
-    """What every role needs to reach Temporal and Kubernetes."""
+class TemporalSettings(BaseModel):
+    """How a process reaches Temporal: the frontend, the namespace, and TLS/mTLS or an API key."""
 
-    model_config = SettingsConfigDict(env_prefix="HOMELAB_AUTOSCALER_", extra="forbid")
+    model_config = SECTION_CONFIG
 
-    temporal_address: str = Field("127.0.0.1:7233", description="host:port of the Temporal frontend")
-    temporal_namespace: str = Field("default", min_length=1)
-    temporal_tls_ca: Path | None = Field(None, description="CA bundle that signs the Temporal frontend's certificate")
-    temporal_tls_cert: Path | None = Field(None, description="client certificate for mTLS to Temporal")
-    temporal_tls_key: Path | None = Field(None, description="client key for mTLS to Temporal")
-    temporal_tls_server_name: str | None = None
-    temporal_api_key: str | None = Field(None, description="API key for Temporal Cloud or a gateway (implies TLS)")
-    metrics_address: str | None = Field(
-        "127.0.0.1:9464", description="host:port of the Prometheus /metrics endpoint (empty to disable)"
+    address: str = Field(
+        "127.0.0.1:7233", min_length=1, alias="temporal_address", description="host:port of the Temporal frontend"
     )
-    task_queue: str = Field(TASK_QUEUE, min_length=1)
-    kube_server: str | None = Field(None, description="API server URL (the emulator); else in-cluster or kubeconfig")
-    kubeconfig: Path | None = None
-    kube_context: str | None = None
-    kube_timeout_seconds: float = Field(10.0, gt=0, le=120)
-    activity_threads: int = Field(16, ge=1, le=256)
-    health_host: str = Field("127.0.0.1", description="address of the /healthz and /readyz endpoints")
-    health_port: int = Field(8081, ge=0, le=65535, description="port of the health endpoints (0 picks a free one)")
-    log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
-    log_format: str = Field("text", pattern="^(text|json)$", description="plain text or one JSON object per line")
+    namespace: str = Field("default", min_length=1, alias="temporal_namespace", description="the Temporal namespace")
+    tls_ca: Path | None = Field(
+        None, alias="temporal_tls_ca", description="CA bundle that signs the Temporal frontend's certificate"
+    )
+    tls_cert: Path | None = Field(None, alias="temporal_tls_cert", description="client certificate for mTLS")
+    tls_key: Path | None = Field(None, alias="temporal_tls_key", description="client key for mTLS")
+    tls_server_name: str | None = Field(
+        None, alias="temporal_tls_server_name", description="name to verify in the frontend's certificate"
+    )
+    api_key: str | None = Field(
+        None, alias="temporal_api_key", description="API key for Temporal Cloud or a gateway (implies TLS)"
+    )
 
     @model_validator(mode="after")
-    def _tls_pairs(self) -> Settings:
-        if (self.temporal_tls_cert is None) != (self.temporal_tls_key is None):
+    def _tls_files(self) -> Self:
+        if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("temporal_tls_cert and temporal_tls_key go together (mTLS needs both)")
-        for name in ("temporal_tls_ca", "temporal_tls_cert", "temporal_tls_key"):
-            path = getattr(self, name)
+        for name, path in (
+            ("temporal_tls_ca", self.tls_ca),
+            ("temporal_tls_cert", self.tls_cert),
+            ("temporal_tls_key", self.tls_key),
+        ):
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: {path} is not a readable file")
         return self
 
 
-S = TypeVar("S", bound=Settings)
+class QueueSettings(BaseModel):
+    """The task queue of the operator's workflows: the worker polls it, the provider and watchers start on it."""
+
+    model_config = SECTION_CONFIG
+
+    task_queue: str = Field(TASK_QUEUE, min_length=1, description="Temporal task queue of every workflow and activity")
 
 
-def load_settings(cls: type[S], flags: dict[str, Any], config_file: Path | None = None) -> S:
-    """Flags over HOMELAB_AUTOSCALER_* over the optional YAML file over the defaults, validated once."""
-    if config_file is not None and not config_file.is_file():
-        raise ValueError(f"config file {config_file} does not exist")
+class MetricsSettings(BaseModel):
+    """The Prometheus endpoint of the process (the Temporal SDK's and the operator's metrics)."""
 
-    class FromFile(cls):  # type: ignore[valid-type,misc]
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
-            if config_file is not None:
-                sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
-            return sources
+    model_config = SECTION_CONFIG
 
-    FromFile.__name__ = cls.__name__
-    return FromFile(**flags)
+    address: str | None = Field(
+        "127.0.0.1:9464",
+        alias="metrics_address",
+        description="host:port of the Prometheus /metrics endpoint (empty to disable)",
+    )
+
+
+class HealthSettings(BaseModel):
+    """The /healthz and /readyz endpoints a kubelet probes."""
+
+    model_config = SECTION_CONFIG
+
+    host: str = Field("127.0.0.1", alias="health_host", description="address of the /healthz and /readyz endpoints")
+    port: int = Field(
+        8081, ge=0, le=65535, alias="health_port", description="port of the health endpoints (0 picks a free one)"
+    )
+
+
+class LoggingSettings(BaseModel):
+    """What the process logs, and in which form."""
+
+    model_config = SECTION_CONFIG
+
+    level: str = Field(
+        "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", alias="log_level", description="DEBUG, INFO, WARNING or ERROR"
+    )
+    format: str = Field(
+        "text", pattern="^(text|json)$", alias="log_format", description="plain text or one JSON object per line"
+    )
+
+
+class WorkerSettings(BaseModel):
+    """The Temporal worker: every workflow and activity of the operator."""
+
+    model_config = SECTION_CONFIG
+
+    activity_threads: int = Field(16, ge=1, le=256, description="activities run at once (the Kubernetes client blocks)")
+
+
+class NamespaceSettings(BaseModel):
+    """Which Kubernetes namespaces the operator manages: the provider serves their Groups to cluster-autoscaler,
+    the watchers watch their Groups, slots, claims and Jobs. One meaning for both, so a Group is either managed
+    whole or not at all."""
+
+    model_config = SECTION_CONFIG
+
+    namespaces: Names = Field(
+        default_factory=lambda: [DEFAULT_NAMESPACE],
+        min_length=1,
+        description="namespaces whose Groups, slots and claims the operator manages (comma-separated)",
+        json_schema_extra={"shown_default": DEFAULT_NAMESPACE},
+    )
+
+
+class DevSettings(BaseModel):
+    """`dev`: the embedded Temporal dev server with its Web UI and, with --simulate, the simulated homelab."""
+
+    model_config = SECTION_CONFIG
+
+    temporal_ip: str = Field("127.0.0.1", description="address the embedded Temporal server binds")
+    temporal_port: int = Field(7233, ge=1, le=65535, description="frontend port of the embedded Temporal server")
+    ui_port: int = Field(8233, ge=1, le=65535, description="port of the Temporal Web UI")
+    temporal_db: Path | None = Field(
+        None,
+        description="SQLite file of the embedded server (default: temporal.db, or temporal-simulated.db, deleted "
+        "at start, with --simulate, in ~/.local/state/homelab-autoscaler)",
+    )
+    simulate: bool = Field(False, description="serve an emulated API server with the simulated homelab")
+    homelab: Path = Field(
+        DEFAULT_HOMELAB,
+        description="the simulated homelab's YAML file",
+        json_schema_extra={"shown_default": "deploy/examples/homelab.yaml"},
+    )
+    kube_port: int = Field(8001, ge=0, le=65535, description="port of the emulated API server (with --simulate)")
+    time_scale: float = Field(1.0, ge=0, description="multiply the simulated machines' delays (0: instant)")
+    demo: bool = Field(False, description="run the scripted demo once everything is up")
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class Settings(BaseModel):
+    """A command's settings: the sections it takes, each validated once; the sections it does not take are None.
+
+    The field order is the order of the sections in `--help` and in docs/configuration.md.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temporal: TemporalSettings | None = Field(None, title="Temporal")
+    queue: QueueSettings | None = Field(None, title="Task queue")
+    kube: KubeSettings | None = Field(None, title="Kubernetes")
+    namespaces: NamespaceSettings | None = Field(None, title="Namespaces")
+    worker: WorkerSettings | None = Field(None, title="Worker")
+    provider: ProviderSettings | None = Field(None, title="Provider (cluster-autoscaler's externalgrpc server)")
+    watch: WatchSettings | None = Field(None, title="Watchers")
+    dev: DevSettings | None = Field(None, title="Development server")
+    health: HealthSettings | None = Field(None, title="Health endpoints")
+    metrics: MetricsSettings | None = Field(None, title="Metrics")
+    logging: LoggingSettings | None = Field(None, title="Logging")
+
+    def section(self, kind: type[S]) -> S:
+        """The section of type `kind`; a command whose roles read it has always taken it (a bug otherwise)."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, kind):
+                return value
+        raise LookupError(f"this command takes no {kind.__name__} section")
+
+    def has(self, kind: type[BaseModel]) -> bool:
+        return any(isinstance(getattr(self, name), kind) for name in type(self).model_fields)
+
+
+def _model_of(annotation: object) -> type[BaseModel]:
+    """The section model of a `Settings` field annotated `Model | None`."""
+    (model,) = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return model
+
+
+#: Section name → its model, in the order of `Settings`.
+SECTIONS: dict[str, type[BaseModel]] = {name: _model_of(f.annotation) for name, f in Settings.model_fields.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,8 +18,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.expected import ExpectedFailures
 from api.contracts import SEARCH_ATTRIBUTES, TASK_QUEUE
-from homelab_autoscaler.settings import Settings
-from workflows import metrics
+from homelab_autoscaler.settings import MetricsSettings, TemporalSettings
+from workflows import metrics as operator_metrics
 from workflows.registry import WORKFLOWS
 
 log = logging.getLogger(__name__)
@@ -40,33 +41,51 @@ def runtime_for(metrics_address: str | None) -> Runtime | None:
                 metrics=PrometheusConfig(
                     bind_address=metrics_address,
                     durations_as_seconds=True,
-                    histogram_bucket_overrides={metrics.TIME_TO_READY: metrics.TIME_TO_READY_BUCKETS},
+                    histogram_bucket_overrides={operator_metrics.TIME_TO_READY: operator_metrics.TIME_TO_READY_BUCKETS},
                 )
             )
         )
     return _RUNTIMES[metrics_address]
 
 
-async def connect(settings: Settings) -> Client:
-    """A client with the operator's data converter, TLS/mTLS or an API key when configured, and metrics."""
+async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = None) -> Client:
+    """A client with the operator's data converter, TLS/mTLS or an API key when configured, and metrics.
+
+    Only a process that serves /metrics passes `metrics`: a command that merely reads Temporal (`claims`) binds
+    no port, so it runs beside an operator that holds the metrics port.
+    """
     tls: TLSConfig | bool = False
-    if settings.temporal_tls_ca or settings.temporal_tls_cert:
+    if temporal.tls_ca or temporal.tls_cert:
         tls = TLSConfig(
-            server_root_ca_cert=settings.temporal_tls_ca.read_bytes() if settings.temporal_tls_ca else None,
-            client_cert=settings.temporal_tls_cert.read_bytes() if settings.temporal_tls_cert else None,
-            client_private_key=settings.temporal_tls_key.read_bytes() if settings.temporal_tls_key else None,
-            domain=settings.temporal_tls_server_name,
+            server_root_ca_cert=temporal.tls_ca.read_bytes() if temporal.tls_ca else None,
+            client_cert=temporal.tls_cert.read_bytes() if temporal.tls_cert else None,
+            client_private_key=temporal.tls_key.read_bytes() if temporal.tls_key else None,
+            domain=temporal.tls_server_name,
         )
-    elif settings.temporal_api_key:
+    elif temporal.api_key:
         tls = True
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=DATA_CONVERTER,
-        tls=tls,
-        api_key=settings.temporal_api_key,
-        runtime=runtime_for(settings.metrics_address),
-    )
+    try:
+        return await Client.connect(
+            temporal.address,
+            namespace=temporal.namespace,
+            data_converter=DATA_CONVERTER,
+            tls=tls,
+            api_key=temporal.api_key,
+            runtime=runtime_for(metrics.address if metrics else None),
+        )
+    except RuntimeError as err:
+        raise TemporalUnreachable(temporal.address, str(err)) from None
+
+
+class TemporalUnreachable(RuntimeError):
+    """Temporal did not answer the connection: said in one line, with the Rust client's error cut to its reason."""
+
+    def __init__(self, address: str, error: str) -> None:
+        reason = re.search(r'message: "([^"]+)"', error)
+        super().__init__(
+            f"cannot reach Temporal at {address}: {reason.group(1) if reason else error}. Is it running "
+            "(`make run` starts one)? --temporal-address names another"
+        )
 
 
 def search_attribute_flags() -> list[str]:

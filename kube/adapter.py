@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from api import names
 from api.v2alpha1 import Group, Node, NodeClaim
 from kube.errors import Conflict, Gone, Invalid, KubeError, NotFound, Transient, from_api_exception
+from kube.settings import KubeSettings
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +148,13 @@ class Kube:
         return cls(k8s.ApiClient(configuration), timeout=timeout)
 
     @classmethod
-    def for_settings(cls, settings: Any, *, timeout: float | None = None) -> Kube:
-        """From the operator's settings (kube_server, kubeconfig, kube_context, kube_timeout_seconds)."""
+    def for_settings(cls, settings: KubeSettings, *, timeout: float | None = None) -> Kube:
+        """From the `kube` settings section (server, kubeconfig, context, timeout)."""
         return cls.connect(
-            server=settings.kube_server,
+            server=settings.server,
             kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
-            context=settings.kube_context,
-            timeout=timeout if timeout is not None else settings.kube_timeout_seconds,
+            context=settings.context,
+            timeout=timeout if timeout is not None else settings.timeout_seconds,
         )
 
     def ping(self, timeout: float) -> None:

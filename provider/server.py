@@ -52,6 +52,9 @@ async def start(settings: ProviderSettings, provider: CloudProvider) -> Running:
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC shares a port between processes by default (SO_REUSEPORT): a second provider on the same
+            # address would silently take half of cluster-autoscaler's calls. A busy port is an error instead.
+            ("grpc.so_reuseport", 0),
         ]
     )
     handlers = method_handlers(provider)
@@ -59,7 +62,7 @@ async def start(settings: ProviderSettings, provider: CloudProvider) -> Running:
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
     reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), server)
     creds = credentials(settings)
-    address = settings.provider_address
+    address = settings.address
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if not port and not address.startswith("unix:"):
         raise OSError(f"cannot listen on {address}")
@@ -69,7 +72,7 @@ async def start(settings: ProviderSettings, provider: CloudProvider) -> Running:
         SERVICE_NAME,
         address if port == 0 else f"{address.rpartition(':')[0]}:{port}",
         "mTLS" if creds else "plaintext",
-        ", ".join(settings.namespaces),
+        ", ".join(provider.catalog.namespaces),
     )
     return Running(server, port, provider)
 

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -180,12 +180,16 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
         settings: ProviderSettings,
         client: Client,
         kube: Any,
+        *,
+        namespaces: Sequence[str],
+        task_queue: str = c.TASK_QUEUE,
         temporal_unreachable: Callable[[], str] = lambda: "",
     ) -> CloudProvider:
-        catalog = Catalog(kube, settings.namespaces, ttl=settings.catalog_ttl_seconds)
+        """The provider of the Groups of `namespaces`, starting group workflows on `task_queue`."""
+        catalog = Catalog(kube, namespaces, ttl=settings.catalog_ttl_seconds)
         runtime = client.service_client.config.runtime or Runtime.default()
         metrics = CallMetrics(meter=runtime.metric_meter)
-        return cls(settings, catalog, GroupGateway(client, settings.task_queue), metrics, temporal_unreachable)
+        return cls(settings, catalog, GroupGateway(client, task_queue), metrics, temporal_unreachable)
 
     def budget(self, context: grpc.aio.ServicerContext) -> float:
         """This call's time: the configured budget, shortened to fit the caller's own deadline."""

@@ -1,8 +1,8 @@
-"""The provider's settings: where it listens, how it is secured, which groups it serves, what it answers.
+"""The `provider` settings section: where the provider listens, how it is secured, what it answers.
 
-They extend the shared `Settings` (Temporal and Kubernetes), so one environment (`HOMELAB_AUTOSCALER_*`) or
-one set of flags configures every role. Transport safety is checked here, at construction, so a provider that
-would accept unauthenticated scale-ups from the network never starts.
+Transport safety is checked here, at construction, so a provider that would accept unauthenticated scale-ups
+from the network never starts. Which namespaces' Groups it serves is the shared `namespaces` section
+(homelab_autoscaler/settings.py), which the watchers read with the same meaning.
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Self
 
-from pydantic import Field, model_validator
-from pydantic_settings import NoDecode
-
-from homelab_autoscaler.settings import Settings
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 DEFAULT_ADDRESS = "127.0.0.1:8086"
 DEFAULT_NAMESPACE = "homelab-autoscaler-system"
@@ -22,11 +19,16 @@ DEFAULT_NAMESPACE = "homelab-autoscaler-system"
 DEFAULT_GPU_LABEL = "nvidia.com/gpu.product"
 
 
-def _split(value: object) -> object:
-    """Accept `a,b` from an environment variable or a flag as well as a real list."""
+def comma_separated(value: object) -> object:
+    """`a,b` as a list: how a list setting is written in a flag, an environment variable or the config file
+    (a YAML list is taken as it is). The one splitter of every list setting."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+#: A list setting: `a,b` in a flag or a variable, a list or `a,b` in the config file.
+Names = Annotated[list[str], BeforeValidator(comma_separated)]
 
 
 def host_of(address: str) -> str:
@@ -50,21 +52,20 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-class ProviderSettings(Settings):
-    """Everything `homelab-autoscaler provider` needs on top of reaching Temporal and Kubernetes."""
+class ProviderSettings(BaseModel):
+    """The externalgrpc server cluster-autoscaler calls: its address, its mTLS, and what it answers."""
 
-    provider_address: str = Field(DEFAULT_ADDRESS, min_length=1, description="host:port the gRPC server listens on")
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
+
+    address: str = Field(
+        DEFAULT_ADDRESS, min_length=1, alias="provider_address", description="host:port the gRPC server listens on"
+    )
     tls_cert: Path | None = Field(None, description="server certificate (PEM); with tls_key and tls_ca: mTLS")
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     tls_ca: Path | None = Field(None, description="CA bundle (PEM) that must have signed every client certificate")
     insecure: bool = Field(False, description="allow plaintext on a non-loopback address (trusted networks only)")
-    namespaces: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: [DEFAULT_NAMESPACE],
-        min_length=1,
-        description="namespaces whose Groups are served (comma-separated in the environment)",
-    )
     gpu_label: str = Field(DEFAULT_GPU_LABEL, min_length=1, description="node label whose value is the GPU type")
-    gpu_types: Annotated[list[str], NoDecode] = Field(default_factory=list, description="GPU types offered")
+    gpu_types: Names = Field(default_factory=list, description="GPU types offered (comma-separated)")
     pricing_window_seconds: float = Field(
         3600.0, gt=0, description="period priced when cluster-autoscaler sends no start/end timestamps"
     )
@@ -75,15 +76,6 @@ class ProviderSettings(Settings):
         2.0, ge=0, description="how long a listing of Groups and slots is reused between Refresh calls"
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _lists(cls, data: object) -> object:
-        if isinstance(data, dict):
-            for key in ("namespaces", "gpu_types"):
-                if key in data:
-                    data[key] = _split(data[key])
-        return data
-
     @model_validator(mode="after")
     def _transport(self) -> Self:
         given = [p is not None for p in (self.tls_cert, self.tls_key, self.tls_ca)]
@@ -91,9 +83,9 @@ class ProviderSettings(Settings):
             raise ValueError(
                 "tls_cert, tls_key and tls_ca go together: cluster-autoscaler speaks mTLS or plaintext, nothing between"
             )
-        if not self.tls and not self.insecure and not is_loopback(self.provider_address):
+        if not self.tls and not self.insecure and not is_loopback(self.address):
             raise ValueError(
-                f"refusing to serve plaintext on {self.provider_address}: anyone who can reach it can power machines "
+                f"refusing to serve plaintext on {self.address}: anyone who can reach it can power machines "
                 "on and off. Give --tls-cert/--tls-key/--tls-ca, listen on 127.0.0.1, or pass --insecure"
             )
         return self

@@ -1,14 +1,24 @@
-"""The CLI as people meet it: every subcommand has help, every bad setting is one clear line and exit 2."""
+"""The CLI as people meet it: every subcommand has help, every bad setting is one clear line and exit 2, a
+command offers only the settings its roles read, and `dev` checks what a person can get wrong (the homelab
+file, every port) before it touches anything."""
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from homelab_autoscaler.cli import main
-from tests.procs import BIN
+from homelab_autoscaler import roles
+from homelab_autoscaler.cli import ALL_SETTINGS, CLAIMS_SECTIONS, load_settings, main, section_settings
+from homelab_autoscaler.settings import KubeSettings, LoggingSettings, MetricsSettings, NamespaceSettings
+from provider.settings import ProviderSettings
+from tests.procs import BIN, ROOT, free_port
 
 HELP = [
     (["run"], "--provider-address"),
@@ -17,21 +27,57 @@ HELP = [
     (["watch"], "--lease-name"),
     (["dev"], "--simulate"),
     (["claims", "list"], "--phase"),
-    (["claims", "show"], "name"),
-    (["claims", "reset-shutdown-streak"], "name"),
+    (["claims", "show"], "NAME"),
+    (["claims", "reset-shutdown-streak"], "NAME"),
     (["autoscaler"], "--provider-address"),
-    (["autoscaler", "nodes"], "group"),
-    (["autoscaler", "increase"], "delta"),
-    (["autoscaler", "delete-nodes"], "nodes"),
+    (["autoscaler", "nodes"], "GROUP"),
+    (["autoscaler", "increase"], "DELTA"),
+    (["autoscaler", "delete-nodes"], "NODES"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "mentions"), HELP, ids=[" ".join(a) for a, _ in HELP])
 def test_every_subcommand_has_help(argv: list[str], mentions: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as done:
-        main([*argv, "--help"])
-    assert done.value.code == 0
+    assert main([*argv, "--help"]) == 0
     assert mentions in capsys.readouterr().out
+
+
+def flags_in_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> set[str]:
+    assert main([*argv, "--help"]) == 0
+    return set(re.findall(r"(?m)^\s+(--[a-z-]+)", capsys.readouterr().out))
+
+
+COMMANDS = {**{name: command.sections for name, command in roles.ROLES.items()}, "dev": roles.DEV_SECTIONS}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_offers_exactly_the_settings_of_its_sections(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = {s.flag for section in COMMANDS[command] for s in section_settings(section)}
+    offered = flags_in_help([command], capsys) - {"--config", "--help"}
+    assert offered == {f for f in offered if f.startswith("--no-")} | expected
+
+
+@pytest.mark.parametrize("command", ["list", "show", "reset-shutdown-streak"])
+def test_claims_commands_take_only_what_a_client_of_temporal_needs(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    offered = flags_in_help(["claims", command], capsys)
+    assert CLAIMS_SECTIONS == ("temporal",)
+    assert {f for f in offered if f.startswith("--temporal")} == {s.flag for s in section_settings("temporal")}
+    own = {"--config", "--help", "--group", "--slot", "--phase", "--namespace"}
+    assert offered - own == {s.flag for s in section_settings("temporal")}, "no worker, metrics or health setting"
+    assert main(["claims", command, "--metrics-address", "127.0.0.1:9464"]) == 2, "claims bind no metrics port"
+
+
+def test_no_flag_means_two_things() -> None:
+    names = [s.name for s in ALL_SETTINGS.values()]
+    assert len(names) == len(set(names))
+    # the provider and the watchers read one namespaces setting, with one meaning
+    assert ALL_SETTINGS["namespaces"].section == "namespaces"
+    assert "namespaces" in roles.PROVIDER.sections and "namespaces" in roles.WATCH.sections
+    assert not any(f.alias == "namespaces" for f in ProviderSettings.model_fields.values())
 
 
 BAD = [
@@ -62,7 +108,56 @@ def test_a_config_file_with_an_unknown_key_is_refused(tmp_path: Path, capsys: py
     config = tmp_path / "settings.yaml"
     config.write_text("temporal_adress: 10.0.0.1:7233\n")
     assert main(["worker", "--config", str(config)]) == 2
-    assert "temporal_adress" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown setting temporal_adress (did you mean temporal_address?)" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("log_level: [DEBUG\n", "not valid YAML"),
+        ("- log_level\n", "expected a mapping"),
+        ("log_level: LOUD\n", "log_level"),
+    ],
+)
+def test_a_bad_config_file_is_one_line(
+    text: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "settings.yaml"
+    config.write_text(text)
+    assert main(["worker", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_one_config_file_serves_every_role(tmp_path: Path) -> None:
+    """Keys of another command's sections are ignored (one file for a Deployment's every container)."""
+    config = tmp_path / "settings.yaml"
+    config.write_text("provider_address: 0.0.0.0:8086\ninsecure: true\nlog_level: DEBUG\nnamespaces: [a, b]\n")
+    worker = load_settings(roles.ROLES["worker"].sections, {}, config, environ={})
+    assert worker.section(LoggingSettings).level == "DEBUG" and not worker.has(ProviderSettings)
+    run = load_settings(roles.ROLES["run"].sections, {}, config, environ={})
+    assert run.section(ProviderSettings).address == "0.0.0.0:8086" and run.section(ProviderSettings).insecure
+    assert run.section(NamespaceSettings).namespaces == ["a", "b"]
+
+
+def test_values_from_the_environment_are_read_as_written() -> None:
+    env = {
+        "HOMELAB_AUTOSCALER_METRICS_ADDRESS": "",  # set but empty: metrics off, not the default
+        "HOMELAB_AUTOSCALER_NAMESPACES": "a, b",
+        "HOMELAB_AUTOSCALER_KUBE_TIMEOUT_SECONDS": "3",
+        "HOMELAB_AUTOSCALER_INSECURE": "yes",
+        "HOMELAB_AUTOSCALER_PROVIDER_ADDRESS": "0.0.0.0:1",
+    }
+    s = load_settings(roles.ROLES["run"].sections, {}, None, environ=env)
+    assert s.section(MetricsSettings).address == ""
+    assert s.section(NamespaceSettings).namespaces == ["a", "b"]
+    assert s.section(KubeSettings).timeout_seconds == 3.0
+    assert s.section(ProviderSettings).insecure
+    flags = load_settings(
+        roles.ROLES["run"].sections, {"insecure": False, "provider_address": "127.0.0.1:1"}, None, env
+    )
+    assert not flags.section(ProviderSettings).insecure, "--no-insecure beats the environment"
 
 
 def test_environment_and_file_and_flags_in_that_order(tmp_path: Path) -> None:
@@ -93,3 +188,97 @@ def test_log_lines_name_the_claim_from_temporal_context() -> None:
     plain.temporal_workflow = {"workflow_id": "group/homelab/workers"}
     ClaimContext().filter(plain)
     assert plain.context == "group=workers"  # type: ignore[attr-defined]
+
+
+# --- dev: what a newcomer gets wrong, said in one line before anything starts ------------------------------------
+CLI = str(BIN / "homelab-autoscaler")
+
+
+def dev(args: list[str], state: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`dev --simulate` on free ports (unless `args` say otherwise), with its own state directory."""
+    ports = {
+        "--temporal-port": str(free_port()),
+        "--ui-port": str(free_port()),
+        "--kube-port": str(free_port()),
+        "--provider-address": f"127.0.0.1:{free_port()}",
+        "--health-port": str(free_port()),
+        "--metrics-address": f"127.0.0.1:{free_port()}",
+    }
+    given = {a for a in args if a.startswith("--")}
+    argv = [CLI, "dev", "--simulate", *args]
+    for flag, value in ports.items():
+        if flag not in given:
+            argv += [flag, value]
+    env = {**os.environ, "XDG_STATE_HOME": str(state)}
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def listening() -> Iterator[socket.socket]:
+    """A port something already listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    """A state directory holding the database of a `dev --simulate` already running."""
+    db = tmp_path / "homelab-autoscaler" / "temporal-simulated.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"the first run's claims")
+    return tmp_path
+
+
+BUSY = [
+    ("--temporal-port", "{port}", "the embedded Temporal server"),
+    ("--ui-port", "{port}", "the Temporal Web UI"),
+    ("--kube-port", "{port}", "the simulated homelab's API server"),
+    ("--provider-address", "127.0.0.1:{port}", "the provider"),
+    ("--health-port", "{port}", "the health endpoints"),
+    ("--metrics-address", "127.0.0.1:{port}", "/metrics"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "what"), BUSY, ids=[b[0] for b in BUSY])
+def test_dev_stops_on_a_busy_port_before_touching_anything(
+    flag: str, value: str, what: str, listening: socket.socket, state: Path
+) -> None:
+    port = listening.getsockname()[1]
+    started = time.monotonic()
+    res = dev([flag, value.format(port=port)], state)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert f"127.0.0.1:{port}" in err and what in err and f"move it with {flag}" in err, err
+    assert not res.stdout, "nothing started"
+    assert (state / "homelab-autoscaler" / "temporal-simulated.db").read_bytes() == b"the first run's claims"
+    assert time.monotonic() - started < 30
+
+
+def test_dev_refuses_two_roles_on_one_port(state: Path) -> None:
+    port = str(free_port())
+    res = dev(["--kube-port", port, "--health-port", port], state)
+    assert res.returncode == 2 and "--kube-port and --health-port both ask for port" in res.stderr, res.stderr
+
+
+HOMELABS = [
+    (None, "no such file"),
+    ("", "is empty"),
+    ("groups: [workers\n", ":2:1: not valid YAML"),
+    ("apiVersion: sim.homelab-autoscaler.dev/v1\nkind: Homelab\nslots: 3\n", "slots"),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), HOMELABS, ids=["missing", "empty", "malformed", "invalid"])
+def test_a_bad_homelab_file_is_one_line(text: str | None, says: str, tmp_path: Path, state: Path) -> None:
+    homelab = tmp_path / "homelab.yaml"
+    if text is not None:
+        homelab.write_text(text)
+    res = dev(["--homelab", str(homelab)], state)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert f"--homelab {homelab}" in err and says in err and "deploy/examples/homelab.yaml" in err, err
+    assert (state / "homelab-autoscaler" / "temporal-simulated.db").exists(), "nothing deleted"

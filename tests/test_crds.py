@@ -72,7 +72,8 @@ def test_schema_is_structural(kind: str) -> None:
 def test_datetimes_durations_enums() -> None:
     schemas = crd_schemas()
     claim = schemas[names.KIND_NODECLAIM]["properties"]
-    assert claim["spec"]["properties"]["requestedAt"] == {"type": "string", "format": "date-time"}
+    requested_at = claim["spec"]["properties"]["requestedAt"]
+    assert requested_at == {"type": "string", "format": "date-time", "description": requested_at["description"]}
     duration = claim["spec"]["properties"]["maxNodeProvisionTime"]
     assert duration["type"] == "string" and "pattern" in duration
     assert claim["status"]["properties"]["phase"]["enum"] == [p.value for p in names.ClaimPhase]

@@ -45,13 +45,23 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     log = (tmp_path / "dev.log").open("wb")
     proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    temporal_opts = ["--temporal-address", f"127.0.0.1:{temporal}", "--metrics-address", ""]
+    temporal_opts = ["--temporal-address", f"127.0.0.1:{temporal}"]
     ca = ["autoscaler", "--provider-address", f"127.0.0.1:{provider}"]
     try:
         wait_for(lambda: port_open(provider), timeout=60, what="the provider of `dev` to listen")
         wait_for(lambda: port_open(ui), timeout=30, what="the embedded Web UI")
         helpers = children_of(proc.pid)
         assert helpers, "the embedded Temporal server runs as a child process"
+
+        # A second `dev` on the same ports stops at once, in one line naming a port and its flag, and leaves
+        # the first one's database and servers alone.
+        db = tmp_path / "state" / "homelab-autoscaler" / "temporal-simulated.db"
+        assert db.exists()
+        second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.count("\n") == 1 and "already in use" in second.stderr, second.stderr
+        assert "--temporal-port" in second.stderr and "--provider-address" in second.stderr, second.stderr
+        assert db.exists() and proc.poll() is None
 
         def nodes() -> str:
             return run([*ca, "nodes", "workers"]).stdout
@@ -75,8 +85,18 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
         name = re.search(r"(worker-1-\w+)", rows).group(1)  # type: ignore[union-attr]
         shown = run(["claims", "show", name, *temporal_opts])
         assert shown.returncode == 0, shown.stderr
-        for step in ("phase booting", "phase ready", "signal: mark_for_deletion", "phase completed (NodeDeleted)"):
-            assert step in shown.stdout, shown.stdout
+        steps = ["phase booting", "phase ready", "signal: mark_for_deletion", "phase completed (NodeDeleted)"]
+        at = [shown.stdout.index(step) for step in [*steps, "closed: completed"]]
+        assert at == sorted(at), shown.stdout
+        assert "marker:" not in shown.stdout and "now:" not in shown.stdout, shown.stdout
+        assert len(re.findall(r"observation", shown.stdout)) <= shown.stdout.count("phase "), "one per phase at most"
+        # an open claim ends with what it waits for now, from its workflow's current details
+        ready = re.search(r"(worker-2-\w+)", rows).group(1)  # type: ignore[union-attr]
+        open_claim = run(["claims", "show", ready, *temporal_opts])
+        assert open_claim.returncode == 0, open_claim.stderr
+        now = open_claim.stdout.split("\nnow:\n", 1)[1]
+        assert re.match(rf"  waiting: {ready} \(ready\): \S", now), open_claim.stdout
+        assert "workflow running" in open_claim.stdout.splitlines()[0], open_claim.stdout
 
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         assert re.search(r'homelab_claims\{group="workers",[^}]*phase="ready"[^}]*\} 1', text), text[:2000]

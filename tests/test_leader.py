@@ -167,5 +167,5 @@ async def test_the_process_path_with_threads_reports_a_change(emulator: Emulator
 
 
 def test_settings_defaults_and_environment(monkeypatch: object) -> None:
-    s = WatchSettings(namespaces=["a"], health_port=0, lease_duration_seconds=30)
-    assert s.namespaces == ["a"] and s.lease_name == "homelab-autoscaler-watch" and s.identity
+    s = WatchSettings(lease_duration_seconds=30)
+    assert s.lease_duration_seconds == 30 and s.lease_name == "homelab-autoscaler-watch" and s.identity

@@ -73,9 +73,7 @@ class Provider:
 
 
 def provider_settings(lab: Lab, **extra: Any) -> ProviderSettings:
-    return ProviderSettings(
-        provider_address="127.0.0.1:0", namespaces=[NS], kube_server=lab.lab.url, catalog_ttl_seconds=0, **extra
-    )
+    return ProviderSettings(provider_address="127.0.0.1:0", catalog_ttl_seconds=0, **extra)
 
 
 @asynccontextmanager
@@ -83,7 +81,7 @@ async def serving(doc: dict[str, Any], **extra: Any) -> AsyncIterator[Provider]:
     """A lab plus the provider on a free loopback port, and a channel to it."""
     async with open_lab(doc) as lab:
         settings = provider_settings(lab, **extra)
-        up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube))
+        up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube, namespaces=[NS]))
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{up.port}") as channel:
                 yield Provider(lab, pb_grpc.CloudProviderStub(channel), channel, up)
@@ -257,7 +255,7 @@ async def test_a_hundred_callers_on_two_replicas_all_answer_in_time_and_exactly_
             Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
         )
         settings = provider_settings(p.lab)
-        second = await start(settings, CloudProvider.build(settings, p.lab.client, p.lab.kube))
+        second = await start(settings, CloudProvider.build(settings, p.lab.client, p.lab.kube, namespaces=[NS]))
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as channel:
                 stubs = [p.stub, pb_grpc.CloudProviderStub(channel)]
@@ -512,7 +510,7 @@ async def test_mtls_accepts_the_cas_clients_and_refuses_others(tmp_path: Path) -
     tls = {"tls_cert": tmp_path / "server.crt", "tls_key": tmp_path / "server.key", "tls_ca": tmp_path / "ca.crt"}
     async with open_lab(homelab([slot("s1")])) as lab:
         settings = provider_settings(lab, **tls)
-        up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube))
+        up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube, namespaces=[NS]))
         target = f"localhost:{up.port}"
         ca = (tmp_path / "ca.crt").read_bytes()
 
@@ -551,7 +549,7 @@ def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path) -> N
     with pytest.raises(ValidationError, match="go together"):
         ProviderSettings(tls_cert=tmp_path / "c.pem")
     assert ProviderSettings(provider_address="0.0.0.0:8086", insecure=True).insecure
-    assert ProviderSettings(provider_address="[::1]:8086").provider_address == "[::1]:8086"
+    assert ProviderSettings(provider_address="[::1]:8086").address == "[::1]:8086"
     assert ProviderSettings(provider_address="localhost:8086")
     tls: dict[str, Any] = {k: tmp_path / k for k in ("tls_cert", "tls_key", "tls_ca")}
     assert ProviderSettings(provider_address="0.0.0.0:8086", **tls).tls
@@ -587,7 +585,7 @@ class Background:
     async def _main(self) -> None:
         async with open_lab(self.doc) as lab:
             settings = provider_settings(lab)
-            up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube))
+            up = await start(settings, CloudProvider.build(settings, lab.client, lab.kube, namespaces=[NS]))
             self.port, self.loop, self.stop = up.port, asyncio.get_running_loop(), asyncio.Event()
             self.ready.set()
             await self.stop.wait()

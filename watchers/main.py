@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client
 
+from api.contracts import TASK_QUEUE
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, Resource
 from watchers.cluster import Cluster
 from watchers.dispatch import Dispatcher
@@ -195,8 +196,11 @@ class Watchers:
         self._threads.clear()
 
 
-def build_watchers(settings: WatchSettings, client: Client, kube: Kube) -> Watchers:
-    """The `watch` role as the composition root hands it its client and adapter: watches, signals, the Lease."""
+def build_watchers(
+    settings: WatchSettings, client: Client, kube: Kube, *, namespaces: Sequence[str], task_queue: str = TASK_QUEUE
+) -> Watchers:
+    """The `watch` role as the composition root hands it its client and adapter: watches of `namespaces`,
+    signals (and workflow starts on `task_queue`), the Lease."""
     elector = LeaderElector(
         kube,
         settings.lease_namespace,
@@ -206,8 +210,8 @@ def build_watchers(settings: WatchSettings, client: Client, kube: Kube) -> Watch
     )
     return Watchers(
         kube,
-        Signals(client, settings.task_queue),
-        namespaces=settings.namespaces,
+        Signals(client, task_queue),
+        namespaces=list(namespaces),
         elector=elector,
         window=settings.watch_window_seconds,
         resync=timedelta(seconds=settings.resync_seconds),
