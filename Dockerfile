@@ -19,6 +19,7 @@ COPY watchers/ watchers/
 COPY provider/ provider/
 COPY proto/ proto/
 COPY kube/ kube/
+COPY domain/ domain/
 COPY homelab_autoscaler/ homelab_autoscaler/
 RUN pip install . && homelab-autoscaler --help >/dev/null && temporal --version
 

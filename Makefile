@@ -13,13 +13,13 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(BIN)/pip install --quiet -e '.[sim]'
+$(RUN_STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --quiet -e '.[sim]' -e ./sim
 	$(MAKE) --no-print-directory bytecode
 	touch $(RUN_STAMP)
 
-$(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(BIN)/pip install --quiet -e '.[test]'
+$(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --quiet -e '.[test]' -e ./sim
 	$(MAKE) --no-print-directory bytecode
 	touch $(RUN_STAMP) $(STAMP)
 
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
 # environment says; Python recompiles in memory any file edited since.
 bytecode:
-	$(BIN)/python -m compileall -q api workflows activities kube watchers provider homelab_autoscaler proto
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

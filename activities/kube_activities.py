@@ -9,7 +9,6 @@ is an `ApplicationError` with `non_retryable=True` and a type the workflows' ret
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ from kube.errors import Invalid, NotFound
 from kube.objects import meta as _meta
 from kube.objects import spec as _spec
 from kube.objects import status as _status
-from workflows import law
+from kube.views import job_status, observe, readiness_taints, template_from_status, template_of
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +42,6 @@ NOT_FOUND = Failure.NOT_FOUND
 INVALID = Failure.INVALID
 
 # A snapshot for scale-from-zero keeps what cluster-autoscaler plans with, nothing that names one machine's state.
-_TEMPLATE_STATUS_FIELDS = ("capacity", "allocatable", "nodeInfo")
-_CORDON_TAINT = "node.kubernetes.io/unschedulable"
 
 
 def utc_now() -> datetime:
@@ -88,77 +85,6 @@ def _time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def readiness_taints(group: Mapping[str, Any] | None) -> list[JSON]:
-    """The group's readiness taints; the CRD default when the group (or the field) is absent, none for `[]`."""
-    spec = _spec(group)
-    if "nodeReadinessTaints" in spec:
-        return [dict(t) for t in spec.get("nodeReadinessTaints") or []]
-    return [{"key": key, "effect": effect} for key, effect in names.DEFAULT_READINESS_TAINTS]
-
-
-def observe(node: Mapping[str, Any] | None, taints: list[JSON], observed_at: datetime) -> c.Observation:
-    """The facts the law and the readiness gate read off a kubelet Node (None: the Node does not exist)."""
-    gate_open = False
-    if node is not None:
-        uncordoned = copy.deepcopy(dict(node))
-        _spec(uncordoned).pop("unschedulable", None)
-        gate_open = not law.unusable(uncordoned, taints)  # Ready and free of readiness taints, cordon aside
-    return c.Observation(
-        power=str(law.power_of(node)),
-        usable=not law.unusable(node, taints),
-        exists=node is not None,
-        gate_open=gate_open,
-        observed_at=observed_at,
-        resource_version=str(_meta(node).get("resourceVersion") or ""),
-    )
-
-
-def template_of(node: Mapping[str, Any], taints: list[JSON], taken_at: datetime) -> JSON:
-    """A sanitized copy of a kubelet Node for scale-from-zero: labels, lasting taints, capacity; no live state.
-
-    Readiness taints and the cordon are dropped: they describe one boot of one machine, not the group's nodes.
-    """
-    meta = _meta(node)
-    transient = {(str(t.get("key")), t.get("effect")) for t in taints} | {(_CORDON_TAINT, "NoSchedule")}
-    transient_keys = {k for k, e in transient if e is None}
-    lasting = [
-        dict(t)
-        for t in _spec(node).get("taints") or []
-        if (str(t.get("key")), t.get("effect")) not in transient and str(t.get("key")) not in transient_keys
-    ]
-    status = _status(node)
-    template: JSON = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": meta.get("name"),
-            "labels": dict(meta.get("labels") or {}),
-            "annotations": {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: taken_at.strftime("%Y-%m-%dT%H:%M:%SZ")},
-        },
-        "spec": {"taints": lasting} if lasting else {},
-        "status": {k: copy.deepcopy(status[k]) for k in _TEMPLATE_STATUS_FIELDS if k in status},
-    }
-    return template
-
-
-def job_status(name: str, job: Mapping[str, Any] | None) -> c.JobStatus:
-    """A Job's state from its conditions: Complete/SuccessCriteriaMet succeeded, Failed/FailureTarget failed."""
-    if job is None:
-        return c.JobStatus(name, c.JOB_MISSING)
-    conditions = {
-        str(cond.get("type")): cond
-        for cond in _status(job).get("conditions") or []
-        if isinstance(cond, dict) and cond.get("status") == "True"
-    }
-    for kind in ("Failed", "FailureTarget"):
-        if kind in conditions:
-            return c.JobStatus(name, c.JOB_FAILED, str(conditions[kind].get("reason") or kind))
-    for kind in ("Complete", "SuccessCriteriaMet"):
-        if kind in conditions:
-            return c.JobStatus(name, c.JOB_SUCCEEDED)
-    return c.JobStatus(name, c.JOB_RUNNING)
 
 
 class KubeActivities:
@@ -590,21 +516,3 @@ def last_claim_of(slot: str, doc: Any) -> c.ClaimDigest | None:
         machine_off=True,
         workflow_done=True,
     )
-
-
-def template_from_status(slot: str, node_name: str, doc: Any) -> JSON | None:
-    """The slot report's snapshot of its deleted kubelet Node (powerOffNodePolicy: Delete), as a template Node."""
-    if not isinstance(doc, dict) or not (doc.get("labels") or doc.get("capacity")):
-        return None
-    taken = doc.get("takenAt")
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": node_name or slot,
-            "labels": dict(doc.get("labels") or {}),
-            "annotations": {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: str(taken)} if taken else {},
-        },
-        "spec": {"taints": [dict(t) for t in doc.get("taints") or []]},
-        "status": {"capacity": dict(doc.get("capacity") or {}), "allocatable": dict(doc.get("allocatable") or {})},
-    }

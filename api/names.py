@@ -240,17 +240,7 @@ class GroupHealth(StrEnum):
 
 # --- numbers (DESIGN.md "Numbers") ---------------------------------------------------------------------
 JOB_TIMEOUT = timedelta(minutes=5)
-JOB_MONITOR_POLL_INTERVAL = timedelta(seconds=30)
-NODE_REGISTRATION_TIMEOUT = timedelta(seconds=90)
-READINESS_GATE_TIMEOUT = timedelta(minutes=4)
-MAX_UNCORDON_RETRY_INTERVAL = timedelta(seconds=10)
-BOOT_BUDGET_SLACK = timedelta(minutes=1)
-MAX_CONSECUTIVE_ATTEMPTS = 3
-SHUTDOWN_STREAK_RESET_GRACE = timedelta(minutes=30)
 CLAIM_TTL_SECONDS_AFTER_FINISHED = 3600
-HISTORY_RING_ROWS = 32
-HISTORY_WINDOW = timedelta(hours=24)
-ACTIVATION_LEDGER_ROWS = 512
 JOB_BACKOFF_LIMIT = 0
 JOB_TTL_SECONDS_AFTER_FINISHED = 600
 

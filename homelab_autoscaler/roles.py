@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.resources
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ from watchers.main import build_watchers
 from watchers.settings import WatchSettings
 
 if TYPE_CHECKING:
-    from homelab_autoscaler.sim.homelab_spec import HomelabSpec
+    from homelab_sim.homelab_spec import HomelabSpec
 
 log = logging.getLogger("homelab_autoscaler")
 
@@ -314,10 +315,18 @@ def no_cluster_configured(kube: KubeSettings) -> bool:
     )
 
 
-def read_homelab(path: Path) -> HomelabSpec:
-    """The simulated homelab's file, or one line saying what is wrong with it (file, line, field) and the fix."""
-    from homelab_autoscaler.sim.homelab_spec import HomelabSpecError, parse_homelab_spec
-
+def read_homelab(path: Path | None) -> HomelabSpec:
+    """The simulated homelab's file (None: the one it ships), or one line saying what is wrong with it and the fix."""
+    try:
+        import homelab_sim
+        from homelab_sim.homelab_spec import HomelabSpecError, parse_homelab_spec
+    except ImportError as err:
+        raise UserError(
+            f"--simulate needs the simulated homelab ({err.name} is missing): it is a separate distribution, "
+            "pip install -e '.[sim]' -e ./sim from a clone (make run does)"
+        ) from None
+    if path is None:
+        path = Path(str(importlib.resources.files(homelab_sim) / "homelab.yaml"))
     example = "deploy/examples/homelab.yaml is an example"
     if not path.is_file():
         raise UserError(f"--homelab {path}: no such file ({example})")
@@ -368,15 +377,10 @@ async def dev_role(settings: Settings) -> int:
     check_free(dev_ports(settings, simulate))
     try:
         temporal_binary()
-        if simulate:
-            from homelab_autoscaler.sim.homelab import HomelabServer
     except FileNotFoundError as err:
         raise UserError(str(err)) from None
-    except ImportError as err:
-        raise UserError(
-            f"--simulate needs the simulated homelab's packages ({err.name} is missing): "
-            "pip install -e '.[sim]' (make run does)"
-        ) from None
+    if simulate:
+        from homelab_sim.homelab import HomelabServer
 
     stop = stop_on_signals()
     logs = state_dir()
@@ -406,7 +410,8 @@ async def dev_role(settings: Settings) -> int:
             lab = HomelabServer(spec, port=dev.kube_port, time_scale=dev.time_scale)
             await asyncio.to_thread(lab.start)
             updates["kube"] = kube_settings.model_copy(update={"server": lab.url})
-            print(f"simulated homelab ({dev.homelab.name}) served at {lab.url}; look at it with:", flush=True)
+            shown = dev.homelab.name if dev.homelab else "the default homelab"
+            print(f"simulated homelab ({shown}) served at {lab.url}; look at it with:", flush=True)
             print(f"  KUBECONFIG=/dev/null kubectl --server {lab.url} get nodes.infra.homecluster.dev,nodeclaims -A",
                   flush=True)  # fmt: skip
         run_settings = settings.model_copy(update=updates)

@@ -21,7 +21,6 @@ from provider.settings import DEFAULT_NAMESPACE, Names, ProviderSettings
 from watchers.settings import WatchSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_HOMELAB = ROOT / "deploy" / "examples" / "homelab.yaml"
 
 SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
 
@@ -142,10 +141,10 @@ class DevSettings(BaseModel):
         "at start, with --simulate, in ~/.local/state/homelab-autoscaler)",
     )
     simulate: bool = Field(False, description="serve an emulated API server with the simulated homelab")
-    homelab: Path = Field(
-        DEFAULT_HOMELAB,
-        description="the simulated homelab's YAML file",
-        json_schema_extra={"shown_default": "deploy/examples/homelab.yaml"},
+    homelab: Path | None = Field(
+        None,
+        description="the simulated homelab's YAML file (default: the one homelab_sim ships, "
+        "deploy/examples/homelab.yaml)",
     )
     kube_port: int = Field(8001, ge=0, le=65535, description="port of the emulated API server (with --simulate)")
     time_scale: float = Field(1.0, ge=0, description="multiply the simulated machines' delays (0: instant)")

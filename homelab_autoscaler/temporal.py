@@ -115,7 +115,7 @@ async def register_search_attributes(client: Client, namespace: str, *, check_fi
 
 # Deterministic modules the sandbox need not re-import for every workflow it starts: the API's data and the pure
 # rules (no I/O, no clocks, no module state; tests/test_hygiene.py holds them to that).
-PASSTHROUGH = ("api", "workflows.law", "workflows.claims", "workflows.fsm", "workflows.history")
+PASSTHROUGH = ("api", "domain")
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:

@@ -8,6 +8,7 @@ the path of the field that is wrong and what is wrong with it.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Mapping
@@ -16,9 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from api import contracts as c
 from api import names
 from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, parse_duration
+from domain import law
 from kube.objects import meta, spec, status
+
+JSON = dict[str, Any]
 
 # Fields of a slot whose contents are the user's secrets or commands: a problem there says where, never what.
 POD_SPEC_FIELDS = ("startupPodSpec", "shutdownPodSpec")
@@ -172,3 +177,96 @@ def claim_max_provision_seconds(claim: Mapping[str, Any] | None) -> float:
         return parse_duration(spec(claim).get("maxNodeProvisionTime") or 0).total_seconds()
     except ValueError:
         return 0.0
+
+
+_TEMPLATE_STATUS_FIELDS = ("capacity", "allocatable", "nodeInfo")
+_CORDON_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def readiness_taints(group: Mapping[str, Any] | None) -> list[JSON]:
+    """The group's readiness taints; the CRD default when the group (or the field) is absent, none for `[]`."""
+    fields = spec(group)
+    if "nodeReadinessTaints" in fields:
+        return [dict(t) for t in fields.get("nodeReadinessTaints") or []]
+    return [{"key": key, "effect": effect} for key, effect in names.DEFAULT_READINESS_TAINTS]
+
+
+def observe(node: Mapping[str, Any] | None, taints: list[JSON], observed_at: datetime) -> c.Observation:
+    """The facts the law and the readiness gate read off a kubelet Node (None: the Node does not exist)."""
+    gate_open = False
+    if node is not None:
+        uncordoned = copy.deepcopy(dict(node))
+        spec(uncordoned).pop("unschedulable", None)
+        gate_open = not law.unusable(uncordoned, taints)  # Ready and free of readiness taints, cordon aside
+    return c.Observation(
+        power=str(law.power_of(node)),
+        usable=not law.unusable(node, taints),
+        exists=node is not None,
+        gate_open=gate_open,
+        observed_at=observed_at,
+        resource_version=str(meta(node).get("resourceVersion") or ""),
+    )
+
+
+def template_of(node: Mapping[str, Any], taints: list[JSON], taken_at: datetime) -> JSON:
+    """A sanitized copy of a kubelet Node for scale-from-zero: labels, lasting taints, capacity; no live state.
+
+    Readiness taints and the cordon are dropped: they describe one boot of one machine, not the group's nodes.
+    """
+    node_meta = meta(node)
+    transient = {(str(t.get("key")), t.get("effect")) for t in taints} | {(_CORDON_TAINT, "NoSchedule")}
+    transient_keys = {k for k, e in transient if e is None}
+    lasting = [
+        dict(t)
+        for t in spec(node).get("taints") or []
+        if (str(t.get("key")), t.get("effect")) not in transient and str(t.get("key")) not in transient_keys
+    ]
+    node_status = status(node)
+    template: JSON = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node_meta.get("name"),
+            "labels": dict(node_meta.get("labels") or {}),
+            "annotations": {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: taken_at.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        },
+        "spec": {"taints": lasting} if lasting else {},
+        "status": {k: copy.deepcopy(node_status[k]) for k in _TEMPLATE_STATUS_FIELDS if k in node_status},
+    }
+    return template
+
+
+def job_status(name: str, job: Mapping[str, Any] | None) -> c.JobStatus:
+    """A Job's state from its conditions: Complete/SuccessCriteriaMet succeeded, Failed/FailureTarget failed."""
+    if job is None:
+        return c.JobStatus(name, c.JOB_MISSING)
+    conditions = {
+        str(cond.get("type")): cond
+        for cond in status(job).get("conditions") or []
+        if isinstance(cond, dict) and cond.get("status") == "True"
+    }
+    for kind in ("Failed", "FailureTarget"):
+        if kind in conditions:
+            return c.JobStatus(name, c.JOB_FAILED, str(conditions[kind].get("reason") or kind))
+    for kind in ("Complete", "SuccessCriteriaMet"):
+        if kind in conditions:
+            return c.JobStatus(name, c.JOB_SUCCEEDED)
+    return c.JobStatus(name, c.JOB_RUNNING)
+
+
+def template_from_status(slot: str, node_name: str, doc: Any) -> JSON | None:
+    """The slot report's snapshot of its deleted kubelet Node (powerOffNodePolicy: Delete), as a template Node."""
+    if not isinstance(doc, dict) or not (doc.get("labels") or doc.get("capacity")):
+        return None
+    taken = doc.get("takenAt")
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node_name or slot,
+            "labels": dict(doc.get("labels") or {}),
+            "annotations": {names.ANNOTATION_TEMPLATE_SNAPSHOT_AT: str(taken)} if taken else {},
+        },
+        "spec": {"taints": [dict(t) for t in doc.get("taints") or []]},
+        "status": {"capacity": dict(doc.get("capacity") or {}), "allocatable": dict(doc.get("allocatable") or {})},
+    }

@@ -24,6 +24,7 @@ from temporalio.runtime import Runtime
 
 from api import contracts as c
 from api.names import LABEL_GROUP, label_value
+from domain import claims
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2 as k8s
@@ -33,7 +34,6 @@ from provider.groups import GroupGateway
 from provider.metrics import CallMetrics
 from provider.settings import ProviderSettings
 from provider.template import node_bytes
-from workflows import claims
 
 log = logging.getLogger(__name__)
 

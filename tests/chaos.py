@@ -4,7 +4,7 @@ homelab, driven through real lifecycles while a seeded schedule kills them, brea
     python -m tests.chaos --lifecycles 50 --kills 20 --outage 60 [--seed N]      (make chaos)
 
 What runs: `temporal server start-dev` on a SQLite file (restarted on it after every kill), the simulated homelab
-(`python -m homelab_autoscaler.sim`, real time, with API faults at a rate, dropped watches and compactions), and
+(`python -m homelab_sim`, real time, with API faults at a rate, dropped watches and compactions), and
 `homelab-autoscaler worker`, `provider` and `watch`, each its own process, restarted when it dies (as Kubernetes
 restarts a pod). The driver plays cluster-autoscaler over gRPC: it asks for machines, deletes the ones that run,
 and deletes the ones that failed. A schedule drawn from the seed kills (SIGKILL) a role or the Temporal server
@@ -269,7 +269,7 @@ class Chaos:
         args = [
             str(BIN / "python"),
             "-m",
-            "homelab_autoscaler.sim",
+            "homelab_sim",
             "--homelab",
             str(self.homelab_file()),
             "--port",

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
+from homelab_sim.emulator import EmulatorServer
 
-from homelab_autoscaler.sim.emulator import EmulatorServer
 from kube.adapter import Kube
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples"

@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from homelab_sim.homelab import HomelabServer
+from homelab_sim.homelab_spec import parse_homelab_spec
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -27,8 +29,6 @@ from temporalio.worker import Worker
 from activities import KubeActivities
 from api import contracts as c
 from api import names
-from homelab_autoscaler.sim.homelab import HomelabServer
-from homelab_autoscaler.sim.homelab_spec import parse_homelab_spec
 from homelab_autoscaler.temporal import DATA_CONVERTER, build_worker, register_search_attributes
 from kube.adapter import Kube
 from kube.views import LAST_APPLIED

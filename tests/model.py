@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from homelab_sim.emulator import Fault, RequestInfo
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from api import contracts as c
-from api.names import MAX_CONSECUTIVE_ATTEMPTS, ClaimReason
-from homelab_autoscaler.sim.emulator import Fault, RequestInfo
+from api.names import ClaimReason
+from domain.timings import TIMINGS
 from tests.lab import NS, Lab, homelab, open_lab
 from watchers.main import Watchers
 from watchers.signals import Signals
@@ -356,7 +357,7 @@ class Model:
             self.claims.add(claim)
             resource = self.resources().get(claim)
             attempt = ((resource or {}).get("status") or {}).get("attempt")
-            if isinstance(attempt, int) and attempt > MAX_CONSECUTIVE_ATTEMPTS:
+            if isinstance(attempt, int) and attempt > TIMINGS.max_consecutive_attempts:
                 raise self.violation(f"claim {claim} bought a machine on attempt {attempt}")
         await self.check_closed()
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import EmulatorServer, Fault
 from temporalio import activity
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
@@ -22,7 +23,6 @@ from activities.jobs import build_job
 from api import contracts as c
 from api import names
 from api.v2alpha1 import Node
-from homelab_autoscaler.sim.emulator import EmulatorServer, Fault
 from kube.adapter import Kube
 from kube.errors import Transient
 

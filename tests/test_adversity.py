@@ -10,12 +10,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
-from api.names import MAX_CONSECUTIVE_ATTEMPTS
-from homelab_autoscaler.sim.emulator import Fault
+from domain.timings import TIMINGS
 from tests.lab import (
     NS,
     Lab,
@@ -169,7 +169,7 @@ async def test_a_cancel_during_job_creation_retries_wins() -> None:
 # --- 4. one dead machine never stalls a group ---------------------------------------------------------------
 async def test_slot_choice_skips_a_slot_past_its_attempt_limit() -> None:
     async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
-        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        seed_last_claim(lab, "s1", phase="failed", attempt=TIMINGS.max_consecutive_attempts)
         await lab.start_group()
         assert await lab.increase(1) == 1
         (name,) = await lab.claim_names()

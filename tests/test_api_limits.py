@@ -13,12 +13,12 @@ import json
 from typing import Any
 
 import pytest
+from homelab_sim.emulator_core import KIND_CHECKS
+from homelab_sim.emulator_meta import dns1123_subdomain, job_name, label_value, validate_object_meta
 
 from activities.kube_activities import utc_now
 from api import contracts as c
 from api import names
-from homelab_autoscaler.sim.emulator_core import KIND_CHECKS
-from homelab_autoscaler.sim.emulator_meta import dns1123_subdomain, job_name, label_value, validate_object_meta
 from kube import views
 from tests.lab import NS, Lab, homelab, open_lab
 from watchers.main import Watchers

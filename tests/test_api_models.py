@@ -317,7 +317,7 @@ def test_node_spec_has_no_power_intent() -> None:
 
 
 def test_slot_status_attribute_names() -> None:
-    """workflows/history.py writes these by name with model_copy(update=...)."""
+    """domain/history.py writes these by name with model_copy(update=...)."""
     assert list(NodeStatus.model_fields)[:10] == [
         "power_state",
         "phase",

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from api.names import MAX_CONSECUTIVE_ATTEMPTS, SHUTDOWN_STREAK_RESET_GRACE, ClaimPhase
-from workflows import claims
-from workflows.claims import (
+from api.names import ClaimPhase
+from domain import claims
+from domain.claims import (
     IllegalMove,
     ShutdownStreak,
     after_shutdown_job,
@@ -24,6 +24,7 @@ from workflows.claims import (
     next_shutdown_allowed_at,
     seed_attempt,
 )
+from domain.timings import TIMINGS
 
 P = ClaimPhase
 LEGAL = {
@@ -134,7 +135,7 @@ def test_seed_attempt(last: Any, expected: int) -> None:
 
 
 def test_attempt_limit() -> None:
-    assert MAX_CONSECUTIVE_ATTEMPTS == 3
+    assert TIMINGS.max_consecutive_attempts == 3
     assert not attempt_limit_exceeded(1)
     assert not attempt_limit_exceeded(3)
     assert attempt_limit_exceeded(4)
@@ -164,13 +165,13 @@ def test_three_jobs_then_paused_then_resumes_after_grace() -> None:
     last = T0 + timedelta(minutes=2)
     assert streak == ShutdownStreak(3, last)
     assert not may_fire_shutdown(streak, now)
-    assert next_shutdown_allowed_at(streak) == last + SHUTDOWN_STREAK_RESET_GRACE
+    assert next_shutdown_allowed_at(streak) == last + TIMINGS.shutdown_streak_reset_grace
     # not before the grace
-    just_before = last + SHUTDOWN_STREAK_RESET_GRACE - timedelta(seconds=1)
+    just_before = last + TIMINGS.shutdown_streak_reset_grace - timedelta(seconds=1)
     assert not may_fire_shutdown(streak, just_before)
     assert effective(streak, just_before) == streak
     # at and after the grace the streak is spent no longer
-    at = last + SHUTDOWN_STREAK_RESET_GRACE
+    at = last + TIMINGS.shutdown_streak_reset_grace
     assert may_fire_shutdown(streak, at)
     assert effective(streak, at) == ShutdownStreak(0, None)
     # and the count restarts with the next Job

@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import EmulatorServer, Fault, KubeEmulator
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-
-from homelab_autoscaler.sim.emulator import EmulatorServer, Fault, KubeEmulator
 
 G, V = "infra.homecluster.dev", "v2alpha1"
 GV = f"{G}/{V}"

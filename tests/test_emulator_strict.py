@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import EmulatorServer, KubeEmulator
+from homelab_sim.emulator_tables import human_duration
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from homelab_autoscaler.sim.emulator import EmulatorServer, KubeEmulator
-from homelab_autoscaler.sim.emulator_tables import human_duration
 
 G, V = "infra.homecluster.dev", "v2alpha1"
 GV = f"{G}/{V}"
@@ -122,7 +121,7 @@ def test_the_direct_helpers_store_past_admission(srv: EmulatorServer) -> None:
     """``put_object``/``patch_object`` stand for what etcd already holds (a test's malformed object); the
     simulated controllers' ``patch_object(..., admit=True)`` is judged like a client's write.
     """
-    from homelab_autoscaler.sim.emulator import ApiError
+    from homelab_sim.emulator import ApiError
 
     srv.call(lambda e: e.put_object(GV, "groups", group(maxSize="many"), NS))
     stored = srv.call(lambda e: e.patch_object(GV, "groups", NS, "g1", {"spec": {"bogus": 1}}))
@@ -216,7 +215,7 @@ def test_field_validation_strict_refuses_unknown_fields(srv: EmulatorServer) -> 
 
 def test_preserve_unknown_fields_keeps_them(srv: EmulatorServer) -> None:
     """``x-kubernetes-preserve-unknown-fields`` (here ObjectMeta's ``FieldsV1``-like free objects are kept)."""
-    from homelab_autoscaler.sim.emulator_schema import Outcome, prune
+    from homelab_sim.emulator_schema import Outcome, prune
 
     schema = {
         "type": "object",
@@ -251,7 +250,7 @@ def test_null_in_a_non_nullable_field_is_pruned_then_defaulted(co: Any) -> None:
 
 def test_null_in_a_nullable_enum_must_be_listed() -> None:
     """kube-openapi validates a nullable field's null against its ``enum``: without null listed, it is refused."""
-    from homelab_autoscaler.sim.emulator_schema import Outcome, validate
+    from homelab_sim.emulator_schema import Outcome, validate
 
     out = Outcome()
     validate({"type": "string", "nullable": True, "enum": ["a", "b"]}, None, "status.phase", out)
@@ -355,7 +354,7 @@ def test_list_map_keys_are_unique(co: Any) -> None:
 
 def test_min_and_max_items_and_set_uniqueness() -> None:
     """``minItems``/``maxItems`` (``field.TooMany``) and ``x-kubernetes-list-type: set`` duplicates."""
-    from homelab_autoscaler.sim.emulator_schema import Outcome, validate
+    from homelab_sim.emulator_schema import Outcome, validate
 
     schema = {
         "type": "array",
@@ -377,7 +376,7 @@ def test_min_and_max_items_and_set_uniqueness() -> None:
 
 def test_int_or_string_and_embedded_resource() -> None:
     """``x-kubernetes-int-or-string`` takes both (not a bool); an embedded resource needs apiVersion and kind."""
-    from homelab_autoscaler.sim.emulator_schema import Outcome, validate
+    from homelab_sim.emulator_schema import Outcome, validate
 
     schema = {
         "type": "object",
@@ -424,7 +423,7 @@ def test_cel_rules_on_list_items(srv: EmulatorServer, co: Any, examples: dict[st
 
 def test_cel_transition_rule_message_expression_reason_and_field_path() -> None:
     """Transition rules see ``oldSelf`` only on update; ``messageExpression``, ``reason``, ``fieldPath`` apply."""
-    from homelab_autoscaler.sim.emulator_schema import Outcome, validate
+    from homelab_sim.emulator_schema import Outcome, validate
 
     rule = {
         "rule": "self.size >= oldSelf.size",

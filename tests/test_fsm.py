@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from api.names import ClaimPhase, ClaimReason, NodeEvent, NodeState
-from workflows import fsm, law
-from workflows.fsm import IllegalTransition, fire
+from domain import fsm, law
+from domain.fsm import IllegalTransition, fire
 
 S, E = NodeState, NodeEvent
 

@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from homelab_sim.emulator import EmulatorServer
 from temporalio.client import Client
 
 from homelab_autoscaler.health import HealthServer, Probe, Reachability
-from homelab_autoscaler.sim.emulator import EmulatorServer
 from homelab_autoscaler.temporal import DATA_CONVERTER
 from kube.adapter import Kube
 from proto import externalgrpc_pb2 as pb

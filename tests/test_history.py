@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from api.names import ACTIVATION_LEDGER_ROWS, HISTORY_RING_ROWS, HISTORY_WINDOW, PowerState, Report
+from api.names import PowerState, Report
 from api.v2alpha1 import NodeStatus, Transition
-from workflows import history
-from workflows.history import expire, next_expiry, record
+from domain import history
+from domain.history import expire, next_expiry, record
+from domain.timings import TIMINGS
 
 T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
 CYCLE = (Report.PENDING, Report.BOOTING, Report.READY, Report.DRAINING, Report.OFF)
@@ -70,7 +71,7 @@ def test_same_phase_changes_nothing() -> None:
 
 def test_same_phase_prunes_the_window_only() -> None:
     s = record(record(NodeStatus(), "pending", T0), "booting", T0 + timedelta(minutes=1))
-    later = T0 + HISTORY_WINDOW + timedelta(minutes=2)
+    later = T0 + TIMINGS.history_window + timedelta(minutes=2)
     again = record(s, "booting", later)
     assert again.recent_transitions == [] and again.recent_activations == []
     assert again.activations_last_24h == 0
@@ -89,11 +90,11 @@ def test_forty_boots_in_one_day() -> None:
         for phase in CYCLE:
             now += timedelta(minutes=6)
             s = record(s, phase, now)
-    assert now - T0 < HISTORY_WINDOW
+    assert now - T0 < TIMINGS.history_window
     assert s.activations_last_24h == 40
     assert s.activations_total == 40
     assert len(s.recent_activations) == 40
-    assert len(s.recent_transitions) == HISTORY_RING_ROWS == 32
+    assert len(s.recent_transitions) == TIMINGS.history_ring_rows == 32
     # the ring keeps the newest rows, in the order they landed
     assert s.recent_transitions[-1] == Transition(from_phase=Report.DRAINING, to_phase=Report.OFF, at=now)
     assert [r.at for r in s.recent_transitions] == sorted(r.at for r in s.recent_transitions)
@@ -104,7 +105,7 @@ def test_old_rows_leave_the_ring_and_the_ledger() -> None:
     s = record(record(NodeStatus(), "pending", T0), "booting", T0)
     s = record(s, "ready", T0 + timedelta(hours=1))
     # exactly 24 h old: still inside
-    at_edge = T0 + HISTORY_WINDOW
+    at_edge = T0 + TIMINGS.history_window
     s_edge = record(s, "draining", at_edge)
     assert s_edge.activations_last_24h == 1
     assert len(s_edge.recent_transitions) == 4
@@ -120,24 +121,24 @@ def test_old_rows_leave_the_ring_and_the_ledger() -> None:
 def test_ledger_caps_at_512() -> None:
     s = record(NodeStatus(), "off", T0)
     now = T0
-    boots = ACTIVATION_LEDGER_ROWS + 20
+    boots = TIMINGS.activation_ledger_rows + 20
     for _ in range(boots):
         for phase in (Report.BOOTING, Report.OFF):
             now += timedelta(seconds=30)
             s = record(s, phase, now)
-    assert now - T0 < HISTORY_WINDOW
+    assert now - T0 < TIMINGS.history_window
     assert s.activations_total == boots
-    assert len(s.recent_activations) == ACTIVATION_LEDGER_ROWS
-    assert s.activations_last_24h == ACTIVATION_LEDGER_ROWS
+    assert len(s.recent_activations) == TIMINGS.activation_ledger_rows
+    assert s.activations_last_24h == TIMINGS.activation_ledger_rows
     assert s.recent_activations[-1] == now - timedelta(seconds=30)
-    assert len(s.recent_transitions) == HISTORY_RING_ROWS
+    assert len(s.recent_transitions) == TIMINGS.history_ring_rows
 
 
 def test_expire_and_next_expiry() -> None:
     assert next_expiry(NodeStatus()) is None
     s = record(record(NodeStatus(), "pending", T0), "booting", T0 + timedelta(hours=2))
     first = next_expiry(s)
-    assert first == T0 + HISTORY_WINDOW + history.RESOLUTION
+    assert first == T0 + TIMINGS.history_window + history.RESOLUTION
     assert first is not None
     # just before: nothing leaves
     assert expire(s, first - history.RESOLUTION) == s
@@ -152,7 +153,7 @@ def test_expire_and_next_expiry() -> None:
         s.activations_total,
     )
     second = next_expiry(s2)
-    assert second == T0 + timedelta(hours=2) + HISTORY_WINDOW + history.RESOLUTION
+    assert second == T0 + timedelta(hours=2) + TIMINGS.history_window + history.RESOLUTION
     assert second is not None
     s3 = expire(s2, second)
     assert s3.recent_transitions == [] and s3.recent_activations == [] and s3.activations_last_24h == 0

@@ -20,17 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
-
-from api import names
-from homelab_autoscaler.sim.emulator import EmulatorServer, KubeEmulator, ResourceSpec
-from homelab_autoscaler.sim.homelab import Homelab, HomelabServer, Stage
-from homelab_autoscaler.sim.homelab_spec import (
+from homelab_sim.emulator import EmulatorServer, KubeEmulator, ResourceSpec
+from homelab_sim.homelab import Homelab, HomelabServer, Stage
+from homelab_sim.homelab_spec import (
     HomelabSpec,
     HomelabSpecError,
     load_homelab_spec,
     parse_homelab_spec,
 )
+from kubernetes import client, watch
+
+from api import names
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "homelab.yaml"
@@ -456,7 +456,7 @@ def free_port() -> int:
 
 def test_the_standalone_simulator_starts_answers_and_stops() -> None:
     port = free_port()
-    command = [sys.executable, "-m", "homelab_autoscaler.sim", "--homelab", str(EXAMPLE), "--port", str(port)]
+    command = [sys.executable, "-m", "homelab_sim", "--homelab", str(EXAMPLE), "--port", str(port)]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"

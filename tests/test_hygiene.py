@@ -2,7 +2,7 @@
 
 (a) ``workflows/`` stays deterministic: it imports no I/O, clock, randomness or Kubernetes/gRPC module, and
     never reads the wall clock (``datetime.now()``/``utcnow()``/``date.today()``).
-(b) The slot history fields have one writer, ``workflows/history.py``. Reading them is allowed (the provider
+(b) The slot history fields have one writer, ``domain/history.py``. Reading them is allowed (the provider
     may rank slots by recent activations); writing them anywhere else is a violation. The declarations in
     ``api/v2alpha1.py`` and the generated schemas of ``api/crds.py`` are exempt.
 
@@ -148,7 +148,7 @@ SLOT_STATUS_MARKERS = frozenset({"phase", "powerState", "power_state", "lastClai
 MUTATORS = frozenset({"append", "extend", "insert", "pop", "clear", "remove", "sort", "reverse", "__setitem__"})
 PATCH_PATHS = frozenset(f"/status/{n}" for n in (*HISTORY_ONLY_CAMEL, "lastTransitionTime"))
 
-WRITER = "workflows/history.py"
+WRITER = "domain/history.py"
 EXEMPT = frozenset({WRITER, "api/v2alpha1.py", "api/crds.py"})
 PACKAGES = ("api", "workflows", "activities", "watchers", "provider", "homelab_autoscaler", "kube")
 
@@ -276,7 +276,7 @@ def test_history_fields_have_one_writer() -> None:
         rel = path.relative_to(ROOT).as_posix()
         if rel not in EXEMPT:
             violations += history_writes(path.read_text(), rel)
-    assert violations == [], "history fields are written outside workflows/history.py:\n" + "\n".join(violations)
+    assert violations == [], "history fields are written outside domain/history.py:\n" + "\n".join(violations)
 
 
 def test_the_writer_is_scanned_by_the_checker() -> None:

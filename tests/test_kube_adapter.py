@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import EmulatorServer, Fault, KubeEmulator, RequestInfo
 
 from api import names
 from api.v2alpha1 import NodeClaim, NodeClaimSpec, ObjectMeta
-from homelab_autoscaler.sim.emulator import EmulatorServer, Fault, KubeEmulator, RequestInfo
 from kube.adapter import CLAIMS, JOBS, KUBELET_NODES, SLOTS, Kube, ObjectRef, Resource
 from kube.errors import Conflict, Invalid, NotFound, Transient
 from kube.watch import Watch

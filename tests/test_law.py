@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.names import ClaimPhase, NodeState, Operation, PowerState, Report
-from workflows import law
-from workflows.law import Input, derive, fires, power_of, state, unusable
+from domain import law
+from domain.law import Input, derive, fires, power_of, state, unusable
 
 P = ClaimPhase
 ON, OFF = "on", "off"

@@ -9,9 +9,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
+from homelab_sim.emulator import EmulatorServer
 
 from homelab_autoscaler.health import HealthServer, Probe
-from homelab_autoscaler.sim.emulator import EmulatorServer
 from kube.adapter import Kube
 from tests.test_report import NS, Quiet, World
 from watchers.leader import LeaderElector
@@ -84,7 +84,7 @@ def test_take_over_after_the_lease_duration_when_the_leader_vanishes(kube: Kube)
 
 
 def test_a_leader_cut_off_stops_acting_before_the_lease_expires(emulator: EmulatorServer, kube: Kube) -> None:
-    from homelab_autoscaler.sim.emulator import Fault
+    from homelab_sim.emulator import Fault
 
     a = elector(kube, "a")
     assert a.tick(T0)

@@ -21,11 +21,11 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 from grpc import StatusCode as S
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from homelab_sim.emulator import Fault
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from homelab_autoscaler.sim.emulator import Fault
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2 as k8s

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import EmulatorServer
 
 from api import contracts as c
 from api.names import ClaimPhase, GroupHealth, PowerState, Report
 from api.v2alpha1 import NodeStatus
-from homelab_autoscaler.sim.emulator import EmulatorServer
+from domain import law
 from kube.adapter import Kube
 from watchers import report
 from watchers.main import Watchers
 from watchers.report import SlotFacts, group_health, markers, merge_diff, slot_status
-from workflows import law
 
 NS = "lab"
 CRD = "infra.homecluster.dev/v2alpha1"

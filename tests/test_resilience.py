@@ -11,11 +11,11 @@ import logging
 from typing import Any
 
 import pytest
+from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
-from homelab_autoscaler.sim.emulator import Fault
 from provider.catalog import Catalog
 from tests.lab import NS, Lab, applied_with_a_typo, apply_claim, homelab, one_claim, open_lab, slot, slot_free
 from watchers.main import Watchers

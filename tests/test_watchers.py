@@ -11,8 +11,9 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+from homelab_sim.emulator import Fault
+
 from api import contracts as c
-from homelab_autoscaler.sim.emulator import Fault
 from kube.adapter import KUBELET_NODES, Kube
 from kube.errors import NotFound
 from kube.watch import MODIFIED, WatchEvent

@@ -101,7 +101,7 @@ async def demo(tmp_path: Path) -> AsyncIterator[Demo]:
         db_file=tmp_path / "t.db",
         log_file=tmp_path / "temporal.log",
     )
-    sim = [str(BIN / "python"), "-m", "homelab_autoscaler.sim", "--port", str(port), "--time-scale", "0"]
+    sim = [str(BIN / "python"), "-m", "homelab_sim", "--port", str(port), "--time-scale", "0"]
     with server, process(sim, log=tmp_path / "sim.log"):
         worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", server.address,
                   "--kube-server", f"http://127.0.0.1:{port}",

@@ -42,7 +42,7 @@ async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
 async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnvironment, tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     address = dev_server.client.service_client.config.target_host
-    sim = [str(BIN / "python"), "-m", "homelab_autoscaler.sim", "--port", str(port), "--time-scale", "0"]
+    sim = [str(BIN / "python"), "-m", "homelab_sim", "--port", str(port), "--time-scale", "0"]
     worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", address,
               "--kube-server", f"http://127.0.0.1:{port}",
               "--metrics-address", f"127.0.0.1:{metrics_port}"]  # fmt: skip

@@ -7,12 +7,12 @@ that a lost signal only costs latency.
 from __future__ import annotations
 
 import pytest
+from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
-from api.names import MAX_CONSECUTIVE_ATTEMPTS
-from homelab_autoscaler.sim.emulator import Fault
+from domain.timings import TIMINGS
 from tests.lab import (
     NS,
     apply_claim,
@@ -145,7 +145,7 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
     async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
         await lab.start_group()
         names: list[str] = []
-        for attempt in range(1, MAX_CONSECUTIVE_ATTEMPTS + 1):
+        for attempt in range(1, TIMINGS.max_consecutive_attempts + 1):
             await lab.until(lambda: slot_free(lab, "s1"), within=5 * MIN, what="slot free")
             await lab.increase(1)
             name = next(n for n in await lab.claim_names() if n not in names)
@@ -170,12 +170,12 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
 
 async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bought() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        seed_last_claim(lab, "s1", phase="failed", attempt=TIMINGS.max_consecutive_attempts)
         await lab.start_group()
         apply_claim(lab, "s1-by-hand", "s1")
         await lab.group().signal(GroupWorkflow.refresh)
         st = await lab.wait_phase("s1-by-hand", "failed", within=MIN, step=5)
-        assert (st["attempt"], st["reason"]) == (MAX_CONSECUTIVE_ATTEMPTS + 1, "AttemptLimitExceeded")
+        assert (st["attempt"], st["reason"]) == (TIMINGS.max_consecutive_attempts + 1, "AttemptLimitExceeded")
         assert lab.jobs("s1") == []
         (instance,) = await lab.group().query(GroupWorkflow.instances)
         assert (instance.error_class, instance.error_code) == (1, "no-capacity")
@@ -183,7 +183,7 @@ async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bou
 
 async def test_the_reset_attempts_annotation_restarts_the_streak() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS)
+        seed_last_claim(lab, "s1", phase="failed", attempt=TIMINGS.max_consecutive_attempts)
         await lab.start_group()
         assert (await lab.snapshot())["slots"]["s1"]["claimable"] is False
         annotation = {"metadata": {"annotations": {"infra.homecluster.dev/reset-attempts": "2099-01-01T00:00:00Z"}}}
@@ -265,7 +265,7 @@ async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:
         await lab.wait_phase(name, "ready", within=3 * MIN)
         await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
         await lab.until(
-            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
+            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == TIMINGS.max_consecutive_attempts),
             within=25 * MIN,
             step=30,
             what="three shutdown attempts",
@@ -277,14 +277,14 @@ async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:
             what="the pause is reported",
         )
         await lab.advance(10 * MIN)
-        assert (await lab.status(name))["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS, "paused"
+        assert (await lab.status(name))["shutdownAttempts"] == TIMINGS.max_consecutive_attempts, "paused"
         assert await lab.phase(name) == "ready"
         # After the 30-minute grace the streak restarts by itself.
         await lab.until(
             lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == 1), within=40 * MIN, step=60, what="resume"
         )
         await lab.until(
-            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == MAX_CONSECUTIVE_ATTEMPTS),
+            lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == TIMINGS.max_consecutive_attempts),
             within=25 * MIN,
             step=30,
             what="spent again",
@@ -482,7 +482,7 @@ async def test_a_machine_on_in_a_used_slot_is_released_not_adopted() -> None:
 
 async def test_attempts_are_seeded_from_the_slot_after_a_restart() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
-        seed_last_claim(lab, "s1", phase="failed", attempt=MAX_CONSECUTIVE_ATTEMPTS - 1)
+        seed_last_claim(lab, "s1", phase="failed", attempt=TIMINGS.max_consecutive_attempts - 1)
         name = await one_claim(lab)
         st = await lab.wait_phase(name, "ready", within=3 * MIN)
-        assert st["attempt"] == MAX_CONSECUTIVE_ATTEMPTS
+        assert st["attempt"] == TIMINGS.max_consecutive_attempts

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api import names
+from domain import law
 from kube.objects import meta, spec, status
-from workflows import law
 
 JSON = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from activities.kube_activities import job_status, observe, readiness_taints
 from api import contracts as c
 from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, ClaimReason
 from kube import views
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Resource
+from kube.views import job_status, observe, readiness_taints
 from kube.watch import DELETED, SYNCED, WatchEvent
 from watchers.cluster import JSON, Cluster, Key, key_of, meta, newer_or_same, spec
 from watchers.report import ReportWriter

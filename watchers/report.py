@@ -2,7 +2,7 @@
 
 A slot's report is a function of facts other writers own: the live claim (its phase from the claim resource,
 its scale-down mark from the claim's workflow), and the kubelet Node (power, usability). The phase comes from
-the law's `derive`, the history from `workflows.history.record` (the only code that writes those fields), and
+the law's `derive`, the history from `domain.history.record` (the only code that writes those fields), and
 the rest from the facts as they are. Nothing reads the report to decide anything.
 
 Writes are merge patches of the keys that changed, guarded by the slot's resourceVersion: a former leader
@@ -37,7 +37,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from activities.kube_activities import observe, readiness_taints, template_of
 from api import contracts as c
 from api.names import (
     LABEL_GROUP,
@@ -53,9 +52,11 @@ from api.names import (
     provider_id,
 )
 from api.v2alpha1 import ClaimDigest, Condition, NodeStatus, NodeTemplate
+from domain import claims, history, law
 from kube import views
 from kube.adapter import GROUPS, SLOTS, Kube, ObjectRef
 from kube.errors import Conflict, KubeError, NotFound
+from kube.views import observe, readiness_taints, template_of
 from watchers.cluster import (
     Cluster,
     Key,
@@ -66,7 +67,6 @@ from watchers.cluster import (
     spec,
     status,
 )
-from workflows import claims, history, law
 
 log = logging.getLogger(__name__)
 

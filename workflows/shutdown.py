@@ -20,19 +20,17 @@ from typing import Any, Protocol
 
 from api import contracts as c
 from api.names import (
-    JOB_MONITOR_POLL_INTERVAL,
     JOB_TIMEOUT,
-    MAX_CONSECUTIVE_ATTEMPTS,
-    MAX_UNCORDON_RETRY_INTERVAL,
     EventReason,
     JobType,
 )
-from workflows import claims, metrics
+from domain import claims
+from domain.timings import TIMINGS
+from workflows import metrics
 from workflows.verbs import Broken
 
 # How long a machine may keep reporting Ready after its shutdown Job succeeded: the kubelet's Node stays Ready
 # for node-monitor-grace-period (about 40 s) after a real power-off; twice a kubelet status period on top.
-SHUTDOWN_VERIFY_TIMEOUT = timedelta(minutes=2)
 
 JOB_OUTCOME_SUCCEEDED = "succeeded"
 JOB_OUTCOME_FAILED = "failed"
@@ -147,7 +145,7 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
         host.details(f"waiting for {job_type} Job {job} (times out at {end:%H:%M:%S})")
         if await host.wait(
             lambda: job in book.finished_jobs or host.interrupted(),
-            min(JOB_MONITOR_POLL_INTERVAL, remaining),
+            min(TIMINGS.job_monitor_poll_interval, remaining),
             f"{job_type} Job {job}",
             **wait_kw,
         ):
@@ -182,7 +180,7 @@ async def poll_until(
         if remaining <= timedelta(0):
             return False
         if not await host.wait(
-            lambda: done() or stopped(), min(MAX_UNCORDON_RETRY_INTERVAL, remaining), summary, **wait_kw
+            lambda: done() or stopped(), min(TIMINGS.max_uncordon_retry_interval, remaining), summary, **wait_kw
         ):
             await host.observe_now()
         elif stopped():
@@ -261,7 +259,7 @@ async def shut_down(host: ShutdownHost) -> bool:
             said = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed"
         await host.on_event(
             SHUTDOWN_EVENTS[outcome],
-            f"shutdown Job {job} {said} (attempt {book.attempts} of {MAX_CONSECUTIVE_ATTEMPTS})",
+            f"shutdown Job {job} {said} (attempt {book.attempts} of {TIMINGS.max_consecutive_attempts})",
             True,
         )
 
@@ -270,13 +268,15 @@ async def _verified_off(host: ShutdownHost, job: str) -> bool:
     """After a successful shutdown Job: the machine observed off, or (never seen on) not showing up in the window."""
     host.details(f"shutdown Job {job} succeeded; waiting to observe the machine off")
     if host.seen_on() or host.power_on():
-        return await poll_until(host, lambda: not host.power_on(), SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification")
+        return await poll_until(
+            host, lambda: not host.power_on(), TIMINGS.shutdown_verify_timeout, "shutdown verification"
+        )
     # Never seen on: if its kubelet shows up now, it was coming up after all and the verification continues.
-    appeared = await poll_until(host, host.power_on, SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification (unseen)")
+    appeared = await poll_until(host, host.power_on, TIMINGS.shutdown_verify_timeout, "shutdown verification (unseen)")
     if not appeared:
         host.off_unseen()
         return True
-    return await poll_until(host, lambda: not host.power_on(), SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification")
+    return await poll_until(host, lambda: not host.power_on(), TIMINGS.shutdown_verify_timeout, "shutdown verification")
 
 
 async def _pause(host: ShutdownHost) -> None:

@@ -19,6 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from api import contracts as c
 from api.names import Failure
+from domain.timings import TIMINGS
 
 T = TypeVar("T")
 
@@ -30,7 +31,6 @@ WRITE_RETRY = RetryPolicy(
     maximum_interval=timedelta(minutes=1),
     non_retryable_error_types=[str(f) for f in Failure],
 )
-WRITE_TIMEOUT = timedelta(seconds=30)
 NON_RETRYABLE = frozenset(WRITE_RETRY.non_retryable_error_types or ())
 # A write whose retries the workflow makes itself, so that it can stop between two of them.
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1, non_retryable_error_types=list(NON_RETRYABLE))
@@ -41,7 +41,6 @@ READ_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=5),
     maximum_attempts=3,
 )
-READ_TIMEOUT = timedelta(seconds=15)
 
 
 class Deadline(Exception):
@@ -84,7 +83,7 @@ class Verbs:
         """A write retried until it lands; what retrying cannot fix raises `Broken`."""
         try:
             return await workflow.execute_activity(
-                name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=WRITE_RETRY, summary=summary
+                name, arg, start_to_close_timeout=TIMINGS.write_timeout, retry_policy=WRITE_RETRY, summary=summary
             )
         except ActivityError as err:
             raise broken(err) from err
@@ -118,7 +117,7 @@ class Verbs:
         while not stop():
             try:
                 await workflow.execute_activity(
-                    name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=ONE_ATTEMPT, summary=summary
+                    name, arg, start_to_close_timeout=TIMINGS.write_timeout, retry_policy=ONE_ATTEMPT, summary=summary
                 )
                 return True
             except ActivityError as err:
@@ -137,7 +136,7 @@ class Verbs:
                 name,
                 arg,
                 result_type=result_type,
-                start_to_close_timeout=READ_TIMEOUT,
+                start_to_close_timeout=TIMINGS.read_timeout,
                 retry_policy=READ_RETRY,
                 summary=summary,
             )

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from api import contracts as c
 from api.names import (
-    NODE_REGISTRATION_TIMEOUT,
-    READINESS_GATE_TIMEOUT,
     ClaimPhase,
     ClaimReason,
     EventReason,
@@ -17,7 +15,8 @@ from api.names import (
     NodeEvent,
     NodeState,
 )
-from workflows import fsm
+from domain import fsm
+from domain.timings import TIMINGS
 from workflows.claim.runtime import ClaimRuntime
 from workflows.shutdown import JOB_OUTCOME_FAILED, JOB_OUTCOME_SUCCEEDED, JOB_OUTCOME_TIMEOUT, monitor_job, poll_until
 from workflows.verbs import Broken
@@ -54,20 +53,20 @@ async def boot(rt: ClaimRuntime) -> None:
     if not await poll_until(
         rt,
         lambda: s.observation.exists,
-        NODE_REGISTRATION_TIMEOUT,
+        TIMINGS.node_registration_timeout,
         "node registration",
         stop,
         deadline_applies=True,
     ):
         if s.marked or s.abandoned:
             return
-        await gate_timeout(rt, f"the node did not register within {NODE_REGISTRATION_TIMEOUT.seconds} s")
+        await gate_timeout(rt, f"the node did not register within {TIMINGS.node_registration_timeout.seconds} s")
         return
     rt.details("readiness gate: waiting for Ready and the readiness taints to clear")
     if not await poll_until(
         rt,
         lambda: s.observation.gate_open,
-        READINESS_GATE_TIMEOUT,
+        TIMINGS.readiness_gate_timeout,
         "readiness gate",
         stop,
         deadline_applies=True,
@@ -76,7 +75,7 @@ async def boot(rt: ClaimRuntime) -> None:
             return
         await gate_timeout(
             rt,
-            f"the node was not Ready and free of readiness taints within {READINESS_GATE_TIMEOUT.seconds} s",
+            f"the node was not Ready and free of readiness taints within {TIMINGS.readiness_gate_timeout.seconds} s",
         )
         return
     slot = c.SlotRef(s.seed.namespace, s.seed.slot)

@@ -8,8 +8,9 @@ outcome is unknown the startup Job is read, so a cancelled claim never leaves a 
 from __future__ import annotations
 
 from api import contracts as c
-from api.names import MAX_CONSECUTIVE_ATTEMPTS, ClaimPhase, ClaimReason, EventReason, JobType, Operation
-from workflows import claims, law
+from api.names import ClaimPhase, ClaimReason, EventReason, JobType, Operation
+from domain import claims, law
+from domain.timings import TIMINGS
 from workflows.claim.runtime import ClaimRuntime
 
 
@@ -21,7 +22,7 @@ async def launch(rt: ClaimRuntime) -> None:
         await rt.move(
             ClaimPhase.FAILED,
             ClaimReason.ATTEMPT_LIMIT_EXCEEDED,
-            f"attempt {seed.attempt} is past the limit of {MAX_CONSECUTIVE_ATTEMPTS} consecutive attempts; "
+            f"attempt {seed.attempt} is past the limit of {TIMINGS.max_consecutive_attempts} consecutive attempts; "
             "no machine was bought",
             warning=True,
         )

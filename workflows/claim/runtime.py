@@ -14,7 +14,8 @@ from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
 from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason, Failure
-from workflows import claims, metrics
+from domain import claims
+from workflows import metrics
 from workflows.claim.state import ClaimState
 from workflows.shutdown import ShutdownBook
 from workflows.verbs import Broken, SlotVerbs

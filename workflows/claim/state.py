@@ -12,7 +12,7 @@ from typing import Any
 
 from api.contracts import ClaimDigest, ClaimSeed, Observation
 from api.names import ClaimPhase, ClaimReason, ConditionType
-from workflows import law
+from domain import law
 from workflows.shutdown import ShutdownBook
 
 GENERATION = 3

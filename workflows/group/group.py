@@ -25,23 +25,22 @@ from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlrea
 
 from api import contracts as c
 from api.names import CLAIM_TTL_SECONDS_AFTER_FINISHED, ClaimCall, ClaimPhase, ClaimReason
-from workflows import claims, law, metrics
+from domain import claims, law
+from domain.timings import TIMINGS
+from workflows import metrics
 from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
 from workflows.release import ReleaseWorkflow
-from workflows.verbs import WRITE_TIMEOUT, Verbs
+from workflows.verbs import Verbs
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
-RELOAD_INTERVAL = timedelta(minutes=10)
 # How long a deleted group waits for its claims to release their machines before it ends.
-WIND_DOWN_TIMEOUT = timedelta(hours=2)
 # Housekeeping writes (collection, the last scale) never hold the loop up: a few tries, then the next turn.
 HOUSEKEEPING_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=4),
     maximum_attempts=3,
 )  # fmt: skip
-HOUSEKEEPING_BACKOFF = timedelta(minutes=1)
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 
@@ -79,7 +78,9 @@ class Group(Verbs):
             wake = self.next_wake()
             self.waking_at = self.now() + wake
             woke = await self.wait(self.has_work, wake, "periodic reload of the group")
-            if s.reload_requested or (not woke and self.now() - (self.last_reload or self.now()) >= RELOAD_INTERVAL):
+            if s.reload_requested or (
+                not woke and self.now() - (self.last_reload or self.now()) >= TIMINGS.reload_interval
+            ):
                 s.reload_requested = False
                 await self.reload()
             await self.flush()
@@ -115,7 +116,7 @@ class Group(Verbs):
     def next_wake(self) -> timedelta:
         """Until the next periodic reload or the next housekeeping (a collection due, a write to try again)."""
         now = self.now()
-        wakes = [(self.last_reload or now) + RELOAD_INTERVAL]
+        wakes = [(self.last_reload or now) + TIMINGS.reload_interval]
         due = self.s.next_collection()
         if due is not None:
             wakes.append(max(due, self.housekeeping_at or due))
@@ -331,12 +332,16 @@ class Group(Verbs):
                 s.collect.pop(name, None)
         if s.scale is not None and results[-1]:
             s.scale = None
-        self.housekeeping_at = None if all(results) else now + HOUSEKEEPING_BACKOFF
+        self.housekeeping_at = None if all(results) else now + TIMINGS.housekeeping_backoff
 
     async def _housekeeping_write(self, name: str, arg: Any, summary: str) -> bool:
         try:
             await workflow.execute_activity(
-                name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=HOUSEKEEPING_RETRY, summary=summary
+                name,
+                arg,
+                start_to_close_timeout=TIMINGS.write_timeout,
+                retry_policy=HOUSEKEEPING_RETRY,
+                summary=summary,
             )
         except ActivityError as err:
             workflow.logger.warning("%s failed: %s", summary, err.cause or err)
@@ -353,7 +358,7 @@ class Group(Verbs):
         self.details("group deleted: waiting for its claims to release their machines")
         await self.wait(
             lambda: not any(law.is_live(d.phase) for d in s.claims.values()),
-            WIND_DOWN_TIMEOUT,
+            TIMINGS.wind_down_timeout,
             "claims released after the group was deleted",
         )
 

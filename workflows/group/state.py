@@ -17,11 +17,11 @@ from typing import Any
 
 from api import contracts as c
 from api.names import ClaimPhase, ClaimReason, provider_id
-from workflows import claims, law
+from domain import claims, law
+from domain.timings import TIMINGS
 
 # A failed claim stays visible to cluster-autoscaler (errorInfo) for longer than one of its loops (10 s by
 # default, minutes when it backs off), so it can see the failure and stop waiting for that node.
-FAILURE_MEMORY = timedelta(minutes=15)
 
 # cluster-autoscaler's error classes: 1 (OutOfResources) makes it back off the whole group, 99 (Other) does not.
 ERROR_CLASS_OUT_OF_RESOURCES = 1
@@ -276,7 +276,9 @@ class GroupState:
         )
 
     def forget_failures(self, now: datetime) -> None:
-        self.failures = [f for f in self.failures if f.finished_at is None or now - f.finished_at < FAILURE_MEMORY]
+        self.failures = [
+            f for f in self.failures if f.finished_at is None or now - f.finished_at < TIMINGS.failure_memory
+        ]
 
     def instances(self) -> list[c.Instance]:
         """Every slot with a live claim, a drain, a release or a machine on, as cluster-autoscaler sees it."""

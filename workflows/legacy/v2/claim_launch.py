@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from api import contracts as c
-from api.names import MAX_CONSECUTIVE_ATTEMPTS, ClaimPhase, ClaimReason, EventReason, JobType, Operation
-from workflows import claims, law
+from api.names import ClaimPhase, ClaimReason, EventReason, JobType, Operation
+from domain import claims, law
+from domain.timings import TIMINGS
 from workflows.legacy.v2.claim_runtime import ClaimRuntime
 
 
@@ -16,7 +17,7 @@ async def launch(rt: ClaimRuntime) -> None:
         await rt.move(
             ClaimPhase.FAILED,
             ClaimReason.ATTEMPT_LIMIT_EXCEEDED,
-            f"attempt {seed.attempt} is past the limit of {MAX_CONSECUTIVE_ATTEMPTS} consecutive attempts; "
+            f"attempt {seed.attempt} is past the limit of {TIMINGS.max_consecutive_attempts} consecutive attempts; "
             "no machine was bought",
             warning=True,
         )

@@ -6,16 +6,14 @@ looks like this for minutes); one that stays off past one boot window ends the c
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
 
 from api.names import ClaimPhase, ClaimReason, ConditionType
-from workflows import claims
+from domain import claims
+from domain.timings import TIMINGS
 from workflows.legacy.v2.claim_runtime import ClaimRuntime
 
 # The truth read of a serving machine: watcher signals carry every change; this bounds a lost one.
-LIVENESS_READ_INTERVAL = timedelta(minutes=5)
 
 
 async def serve(rt: ClaimRuntime) -> bool:
@@ -48,7 +46,7 @@ async def serve(rt: ClaimRuntime) -> bool:
             rt.details(f"machine observed off; MachineGone at {gone_at:%H:%M:%S}Z unless it comes back")
             if not await rt.wait(
                 lambda: s.power_on or s.marked or bool(s.abandoned),
-                min(gone_at - now, LIVENESS_READ_INTERVAL),
+                min(gone_at - now, TIMINGS.liveness_read_interval),
                 "MachineGone grace",
             ):
                 await rt.observe_now()
@@ -60,7 +58,7 @@ async def serve(rt: ClaimRuntime) -> bool:
         rt.details("serving: the machine is on")
         if not await rt.wait(
             lambda: not s.power_on or s.marked or bool(s.abandoned),
-            LIVENESS_READ_INTERVAL,
+            TIMINGS.liveness_read_interval,
             "liveness read",
         ):
             s.liveness_reads += 1

@@ -14,7 +14,8 @@ from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
 from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
-from workflows import claims, metrics
+from domain import claims
+from workflows import metrics
 from workflows.legacy.v2.claim_state import ClaimState
 from workflows.legacy.v2.shutdown import ShutdownBook
 from workflows.legacy.v2.verbs import SlotVerbs

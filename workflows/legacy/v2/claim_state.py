@@ -8,7 +8,7 @@ from typing import Any
 
 from api.contracts import ClaimDigest, ClaimSeed, Observation
 from api.names import ClaimPhase, ConditionType
-from workflows import law
+from domain import law
 from workflows.legacy.v2.shutdown import ShutdownBook
 
 

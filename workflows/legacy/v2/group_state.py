@@ -6,16 +6,16 @@ The group is the single authority on its size: target size is a count over `clai
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from api import contracts as c
 from api.names import ClaimPhase, provider_id
-from workflows import law
+from domain import law
+from domain.timings import TIMINGS
 
 # A failed claim stays visible to cluster-autoscaler (errorInfo) for longer than one of its loops (10 s by
 # default, minutes when it backs off), so it can see the failure and stop waiting for that node.
-FAILURE_MEMORY = timedelta(minutes=15)
 
 # cluster-autoscaler's error classes: 1 (OutOfResources) makes it back off the whole group, 99 (Other) does not.
 ERROR_CLASS_OUT_OF_RESOURCES = 1
@@ -130,7 +130,9 @@ class GroupState:
             self.failures.append(digest)
 
     def forget_failures(self, now: datetime) -> None:
-        self.failures = [f for f in self.failures if f.finished_at is None or now - f.finished_at < FAILURE_MEMORY]
+        self.failures = [
+            f for f in self.failures if f.finished_at is None or now - f.finished_at < TIMINGS.failure_memory
+        ]
 
     def instances(self) -> list[c.Instance]:
         """Every slot with a live claim, a drain, a release or a machine on, as cluster-autoscaler sees it."""

@@ -17,15 +17,15 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from api import contracts as c
 from api.names import ClaimCall, ClaimPhase, ClaimReason
-from workflows import claims, law, metrics
+from domain import claims, law
+from domain.timings import TIMINGS
+from workflows import metrics
 from workflows.legacy.v2.group_choice import choose
 from workflows.legacy.v2.group_state import GroupState, SlotBook, new_slot
 from workflows.legacy.v2.verbs import Verbs
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
-RELOAD_INTERVAL = timedelta(minutes=10)
 # How long a deleted group waits for its claims to release their machines before it ends.
-WIND_DOWN_TIMEOUT = timedelta(hours=2)
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 
@@ -50,7 +50,7 @@ class LegacyGroup(Verbs):
             self.details(f"{s.target_size()} claims wanted of max {s.max_size}; watching {len(s.slots)} slots")
             woke = await self.wait(
                 lambda: s.reload_requested or bool(s.inbox) or bool(self.outbox) or self.should_continue(),
-                RELOAD_INTERVAL,
+                TIMINGS.reload_interval,
                 "periodic reload of the group",
             )
             if not woke or s.reload_requested:
@@ -259,7 +259,7 @@ class LegacyGroup(Verbs):
         self.details("group deleted: waiting for its claims to release their machines")
         await self.wait(
             lambda: not any(law.is_live(d.phase) for d in s.claims.values()),
-            WIND_DOWN_TIMEOUT,
+            TIMINGS.wind_down_timeout,
             "claims released after the group was deleted",
         )
 

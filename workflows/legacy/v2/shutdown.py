@@ -15,18 +15,16 @@ from typing import Any, Protocol
 
 from api import contracts as c
 from api.names import (
-    JOB_MONITOR_POLL_INTERVAL,
     JOB_TIMEOUT,
-    MAX_CONSECUTIVE_ATTEMPTS,
-    MAX_UNCORDON_RETRY_INTERVAL,
     EventReason,
     JobType,
 )
-from workflows import claims, metrics
+from domain import claims
+from domain.timings import TIMINGS
+from workflows import metrics
 
 # How long a machine may keep reporting Ready after its shutdown Job succeeded: the kubelet's Node stays Ready
 # for node-monitor-grace-period (about 40 s) after a real power-off; twice a kubelet status period on top.
-SHUTDOWN_VERIFY_TIMEOUT = timedelta(minutes=2)
 
 JOB_OUTCOME_SUCCEEDED = "succeeded"
 JOB_OUTCOME_FAILED = "failed"
@@ -100,7 +98,7 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
         host.details(f"waiting for {job_type} Job {job} (times out at {end:%H:%M:%S})")
         if await host.wait(
             lambda: job in book.finished_jobs,
-            min(JOB_MONITOR_POLL_INTERVAL, remaining),
+            min(TIMINGS.job_monitor_poll_interval, remaining),
             f"{job_type} Job {job}",
             **wait_kw,
         ):
@@ -133,7 +131,7 @@ async def poll_until(
         if remaining <= timedelta(0):
             return False
         if not await host.wait(
-            lambda: done() or stopped(), min(MAX_UNCORDON_RETRY_INTERVAL, remaining), summary, **wait_kw
+            lambda: done() or stopped(), min(TIMINGS.max_uncordon_retry_interval, remaining), summary, **wait_kw
         ):
             await host.observe_now()
         elif stopped():
@@ -173,21 +171,23 @@ async def shut_down(host: ShutdownHost) -> bool:
         outcome = await monitor_job(host, job, JobType.SHUTDOWN)
         if outcome == JOB_OUTCOME_SUCCEEDED:
             host.details(f"shutdown Job {job} succeeded; waiting to observe the machine off")
-            if await poll_until(host, lambda: not host.power_on(), SHUTDOWN_VERIFY_TIMEOUT, "shutdown verification"):
+            if await poll_until(
+                host, lambda: not host.power_on(), TIMINGS.shutdown_verify_timeout, "shutdown verification"
+            ):
                 return True
             if host.interrupted():
                 return False
             await host.on_event(
                 EventReason.SHUTDOWN_NOT_OBSERVED,
                 f"shutdown Job {job} succeeded but the machine is still on (attempt {book.attempts} of "
-                f"{MAX_CONSECUTIVE_ATTEMPTS})",
+                f"{TIMINGS.max_consecutive_attempts})",
                 True,
             )
         else:
             await host.on_event(
                 EventReason.SHUTDOWN_NOT_OBSERVED,
                 f"shutdown Job {job} {'timed out' if outcome == JOB_OUTCOME_TIMEOUT else 'failed'} "
-                f"(attempt {book.attempts} of {MAX_CONSECUTIVE_ATTEMPTS})",
+                f"(attempt {book.attempts} of {TIMINGS.max_consecutive_attempts})",
                 True,
             )
 

@@ -15,6 +15,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from api import contracts as c
+from domain.timings import TIMINGS
 
 T = TypeVar("T")
 
@@ -26,7 +27,6 @@ WRITE_RETRY = RetryPolicy(
     maximum_interval=timedelta(minutes=1),
     non_retryable_error_types=["SlotDeleted", "InvalidPodSpec", "NotFound", "Invalid"],
 )
-WRITE_TIMEOUT = timedelta(seconds=30)
 # Reads feed a poll that runs again anyway: a few quick tries, then the poll's next turn.
 READ_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -34,7 +34,6 @@ READ_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=5),
     maximum_attempts=3,
 )
-READ_TIMEOUT = timedelta(seconds=15)
 
 
 class Deadline(Exception):
@@ -58,13 +57,13 @@ class Verbs:
 
     async def write(self, name: str, arg: Any, summary: str) -> Any:
         return await workflow.execute_activity(
-            name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=WRITE_RETRY, summary=summary
+            name, arg, start_to_close_timeout=TIMINGS.write_timeout, retry_policy=WRITE_RETRY, summary=summary
         )
 
     async def write_in_boot_window(self, name: str, arg: Any, summary: str) -> Any:
         """A write the deadline may overtake: an API server that refuses it until then fails the claim."""
         handle = workflow.start_activity(
-            name, arg, start_to_close_timeout=WRITE_TIMEOUT, retry_policy=WRITE_RETRY, summary=summary
+            name, arg, start_to_close_timeout=TIMINGS.write_timeout, retry_policy=WRITE_RETRY, summary=summary
         )
         try:
             await self.wait(handle.done, None, summary, deadline_applies=True)
@@ -80,7 +79,7 @@ class Verbs:
                 name,
                 arg,
                 result_type=result_type,
-                start_to_close_timeout=READ_TIMEOUT,
+                start_to_close_timeout=TIMINGS.read_timeout,
                 retry_policy=READ_RETRY,
                 summary=summary,
             )

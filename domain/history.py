@@ -12,8 +12,8 @@ Decisions beyond the seed:
   same boot, not new ones; ``off -> ready`` (a debounced watcher that never saw ``booting``, or an
   adopted machine) still counts once. The first report of a slot (no previous phase) is not an
   activation: there is nothing before it to say a boot happened.
-* A row leaves the window when it is *older* than the window (``now - at > HISTORY_WINDOW``), so
-  ``next_expiry`` is one microsecond (the resolution of ``datetime``) past ``at + HISTORY_WINDOW``: a pass
+* A row leaves the window when it is *older* than the window (``now - at > TIMINGS.history_window``), so
+  ``next_expiry`` is one microsecond (the resolution of ``datetime``) past ``at + TIMINGS.history_window``: a pass
   scheduled at that instant is sure to prune, so a timer never re-arms at the same instant.
 * A naive ``now`` is taken as UTC, as ``api.v2alpha1.Time`` does for every stored timestamp.
 """
@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from api.names import ACTIVATION_LEDGER_ROWS, HISTORY_RING_ROWS, HISTORY_WINDOW, Report
+from api.names import Report
 from api.v2alpha1 import NodeStatus, Transition
+from domain.timings import TIMINGS
 
 RESOLUTION = timedelta(microseconds=1)
 
@@ -45,17 +46,17 @@ def is_activation(old: Report | None, new: Report) -> bool:
 
 
 def _in_window(at: datetime, now: datetime) -> bool:
-    return now - _utc(at) <= HISTORY_WINDOW
+    return now - _utc(at) <= TIMINGS.history_window
 
 
 def _ring(rows: Iterable[Transition], now: datetime) -> list[Transition]:
-    """The display ring: rows inside the window, newest HISTORY_RING_ROWS, in the order the writes landed."""
-    return [r for r in rows if _in_window(r.at, now)][-HISTORY_RING_ROWS:]
+    """The display ring: rows inside the window, newest TIMINGS.history_ring_rows, in the order the writes landed."""
+    return [r for r in rows if _in_window(r.at, now)][-TIMINGS.history_ring_rows :]
 
 
 def _ledger(stamps: Iterable[datetime], now: datetime) -> list[datetime]:
-    """The activation ledger: boots inside the window, newest ACTIVATION_LEDGER_ROWS."""
-    return [t for t in stamps if _in_window(t, now)][-ACTIVATION_LEDGER_ROWS:]
+    """The activation ledger: boots inside the window, newest TIMINGS.activation_ledger_rows."""
+    return [t for t in stamps if _in_window(t, now)][-TIMINGS.activation_ledger_rows :]
 
 
 def _windowed(
@@ -101,4 +102,4 @@ def next_expiry(status: NodeStatus) -> datetime | None:
     stamps = [_utc(r.at) for r in status.recent_transitions] + [_utc(t) for t in status.recent_activations]
     if not stamps:
         return None
-    return min(stamps) + HISTORY_WINDOW + RESOLUTION
+    return min(stamps) + TIMINGS.history_window + RESOLUTION

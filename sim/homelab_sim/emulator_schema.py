@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from homelab_autoscaler.sim.emulator_errors import (
+from homelab_sim.emulator_errors import (
     FieldError,
     duplicate,
     forbidden,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from homelab_autoscaler.sim.emulator_errors import ApiError, FieldError, forbidden, invalid_object, not_supported
+from homelab_sim.emulator_errors import ApiError, FieldError, forbidden, invalid_object, not_supported
 
 __all__ = ["Cursor", "Page", "decode_continue", "paginate", "too_large_rv", "validate_list_options"]
 

@@ -51,25 +51,25 @@ import aiohttp.web
 import kmock
 from kubernetes import client as k8s_client
 
-from homelab_autoscaler.sim.emulator_core import KUBERNETES_VERSION
-from homelab_autoscaler.sim.emulator_errors import ApiError
-from homelab_autoscaler.sim.emulator_pages import (
+from homelab_sim.emulator_core import KUBERNETES_VERSION
+from homelab_sim.emulator_errors import ApiError
+from homelab_sim.emulator_pages import (
     decode_continue,
     paginate,
     too_large_rv,
     validate_list_options,
 )
-from homelab_autoscaler.sim.emulator_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from homelab_autoscaler.sim.emulator_resources import (
+from homelab_sim.emulator_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from homelab_sim.emulator_resources import (
     CRD_GROUP,
     CRD_VERSION,
     DEFAULT_RESOURCES,
     ResKey,
     ResourceSpec,
 )
-from homelab_autoscaler.sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
-from homelab_autoscaler.sim.emulator_strict import Admission, strict_by_default
-from homelab_autoscaler.sim.emulator_tables import TABLES, crd_columns, table
+from homelab_sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
+from homelab_sim.emulator_strict import Admission, strict_by_default
+from homelab_sim.emulator_tables import TABLES, crd_columns, table
 
 __all__ = [
     "CRD_GROUP",
@@ -1286,7 +1286,7 @@ class EmulatorServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m homelab_autoscaler.sim.emulator --port 8001``: serve until Ctrl-C or SIGTERM."""
+    """``python -m homelab_sim.emulator --port 8001``: serve until Ctrl-C or SIGTERM."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--host", default="127.0.0.1")

@@ -37,8 +37,8 @@ from typing import Any, Literal, TypeVar
 from api import names
 from api.names import JobType
 from api.v2alpha1 import GroupSpec, NodeSpec
-from homelab_autoscaler.sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, format_time
-from homelab_autoscaler.sim.homelab_spec import (
+from homelab_sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, format_time
+from homelab_sim.homelab_spec import (
     FAULT_NAMES,
     Faults,
     HomelabSpec,

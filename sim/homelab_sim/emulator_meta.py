@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from homelab_autoscaler.sim.emulator_errors import FieldError, invalid, required, too_long
+from homelab_sim.emulator_errors import FieldError, invalid, required, too_long
 
 __all__ = [
     "NameRule",

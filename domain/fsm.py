@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from api.names import ClaimPhase, ClaimReason, NodeEvent, NodeState
-from workflows import law
+from domain import law
 
 _S = NodeState
 _E = NodeEvent

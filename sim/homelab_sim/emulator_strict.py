@@ -29,11 +29,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from homelab_autoscaler.sim.emulator_core import KIND_CHECKS, core_schema, object_meta_schema
-from homelab_autoscaler.sim.emulator_errors import bad_request, invalid_object
-from homelab_autoscaler.sim.emulator_meta import dns1123_subdomain, validate_object_meta
-from homelab_autoscaler.sim.emulator_resources import ResourceSpec, crds
-from homelab_autoscaler.sim.emulator_schema import MISSING, Outcome, apply_defaults, prune, validate
+from homelab_sim.emulator_core import KIND_CHECKS, core_schema, object_meta_schema
+from homelab_sim.emulator_errors import bad_request, invalid_object
+from homelab_sim.emulator_meta import dns1123_subdomain, validate_object_meta
+from homelab_sim.emulator_resources import ResourceSpec, crds
+from homelab_sim.emulator_schema import MISSING, Outcome, apply_defaults, prune, validate
 
 __all__ = ["STRICT_ENV", "Admission", "Admitted", "strict_by_default"]
 

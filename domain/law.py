@@ -22,7 +22,7 @@ Decisions beyond the seed, encoded in the rows:
   unusable is what a marked claim normally looks like).
 * The seed writes the state of "live, marked, on" as "ready / shuttingdown". ``state`` returns ``ready``:
   the state a pass *starts* in. Firing ``ShutdownNode`` moves the state machine to ``shuttingdown``
-  (see ``workflows.fsm``), so the second half of the seed's cell is the result of the operation, not an input.
+  (see ``domain.fsm``), so the second half of the seed's cell is the result of the operation, not an input.
 """
 
 from __future__ import annotations

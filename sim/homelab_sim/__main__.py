@@ -1,4 +1,4 @@
-"""``python -m homelab_autoscaler.sim --homelab deploy/examples/homelab.yaml``: a simulated homelab over HTTP.
+"""``python -m homelab_sim [--homelab FILE]``: a simulated homelab over HTTP.
 
 Serves the Kubernetes API emulator with the homelab seeded and its machines answering lifecycle Jobs, so the
 operator (or kubectl) can be pointed at it with no cluster at all. Runs until Ctrl-C or SIGTERM.
@@ -14,16 +14,16 @@ import sys
 import threading
 from pathlib import Path
 
-from homelab_autoscaler.sim.chaos import Chaos, ChaosSettings
-from homelab_autoscaler.sim.homelab import HomelabServer
-from homelab_autoscaler.sim.homelab_spec import HomelabSpecError, load_homelab_spec
+from homelab_sim.chaos import Chaos, ChaosSettings
+from homelab_sim.homelab import HomelabServer
+from homelab_sim.homelab_spec import HomelabSpecError, load_homelab_spec
 
-DEFAULT_HOMELAB = Path("deploy/examples/homelab.yaml")
+DEFAULT_HOMELAB = Path(__file__).with_name("homelab.yaml")  # deploy/examples/homelab.yaml, as package data
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, serve the homelab, block until told to stop; the exit code says whether it started."""
-    parser = argparse.ArgumentParser(prog="python -m homelab_autoscaler.sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m homelab_sim", description=__doc__.splitlines()[0])
     parser.add_argument("--homelab", type=Path, default=DEFAULT_HOMELAB, help="homelab YAML file")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--host", default="127.0.0.1")
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     if args.verbose:
-        logging.getLogger("homelab_autoscaler.sim.homelab").setLevel(logging.INFO)
+        logging.getLogger("homelab_sim.homelab").setLevel(logging.INFO)
     try:
         spec = load_homelab_spec(args.homelab)
     except HomelabSpecError as exc:

@@ -11,17 +11,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from api.names import (
-    BOOT_BUDGET_SLACK,
-    JOB_MONITOR_POLL_INTERVAL,
     JOB_TIMEOUT,
-    MAX_CONSECUTIVE_ATTEMPTS,
-    MAX_UNCORDON_RETRY_INTERVAL,
-    NODE_REGISTRATION_TIMEOUT,
-    READINESS_GATE_TIMEOUT,
-    SHUTDOWN_STREAK_RESET_GRACE,
     ClaimPhase,
 )
-from workflows.law import phase_of
+from domain.law import phase_of
+from domain.timings import TIMINGS
 
 _P = ClaimPhase
 
@@ -64,11 +58,11 @@ def move(current: ClaimPhase | str | None, target: ClaimPhase | str) -> ClaimPha
 # The parts of one attempt, in series, measured from requestedAt (before the startup Job exists).
 BUDGET_PARTS: tuple[timedelta, ...] = (
     JOB_TIMEOUT,
-    JOB_MONITOR_POLL_INTERVAL,
-    NODE_REGISTRATION_TIMEOUT,
-    READINESS_GATE_TIMEOUT,
-    MAX_UNCORDON_RETRY_INTERVAL,
-    BOOT_BUDGET_SLACK,
+    TIMINGS.job_monitor_poll_interval,
+    TIMINGS.node_registration_timeout,
+    TIMINGS.readiness_gate_timeout,
+    TIMINGS.max_uncordon_retry_interval,
+    TIMINGS.boot_budget_slack,
 )
 
 
@@ -131,7 +125,7 @@ def seed_attempt(last_claim: Any, reset_at: datetime | None = None) -> int:
 
 def attempt_limit_exceeded(attempt: int) -> bool:
     """Past MaxConsecutiveAttempts the claim fails AttemptLimitExceeded before a machine is bought."""
-    return attempt > MAX_CONSECUTIVE_ATTEMPTS
+    return attempt > TIMINGS.max_consecutive_attempts
 
 
 @dataclass(frozen=True)
@@ -181,14 +175,14 @@ def effective(streak: ShutdownStreak, now: datetime) -> ShutdownStreak:
     A streak with attempts but no timestamp cannot be bounded, so it is treated as expired (a pause is
     never a sentence).
     """
-    if streak.last_attempt_at is None or now >= streak.last_attempt_at + SHUTDOWN_STREAK_RESET_GRACE:
+    if streak.last_attempt_at is None or now >= streak.last_attempt_at + TIMINGS.shutdown_streak_reset_grace:
         return reset()
     return streak
 
 
 def may_fire_shutdown(streak: ShutdownStreak, now: datetime) -> bool:
     """False while the streak is spent (attempts >= limit) and the grace since its last Job has not passed."""
-    return effective(streak, now).attempts < MAX_CONSECUTIVE_ATTEMPTS
+    return effective(streak, now).attempts < TIMINGS.max_consecutive_attempts
 
 
 def after_shutdown_job(streak: ShutdownStreak, now: datetime) -> ShutdownStreak:
@@ -199,9 +193,9 @@ def after_shutdown_job(streak: ShutdownStreak, now: datetime) -> ShutdownStreak:
 
 def next_shutdown_allowed_at(streak: ShutdownStreak) -> datetime | None:
     """When a spent streak lets a shutdown fire again (a timer target); None when it is not spent."""
-    if streak.attempts < MAX_CONSECUTIVE_ATTEMPTS or streak.last_attempt_at is None:
+    if streak.attempts < TIMINGS.max_consecutive_attempts or streak.last_attempt_at is None:
         return None
-    return streak.last_attempt_at + SHUTDOWN_STREAK_RESET_GRACE
+    return streak.last_attempt_at + TIMINGS.shutdown_streak_reset_grace
 
 
 # --- the timeline ------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from homelab_autoscaler.sim.emulator import Fault, KubeEmulator, RequestInfo
-from homelab_autoscaler.sim.homelab import Homelab
+from homelab_sim.emulator import Fault, KubeEmulator, RequestInfo
+from homelab_sim.homelab import Homelab
 
 Obj = dict[str, Any]
 CRD = "infra.homecluster.dev/v2alpha1"

@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from homelab_autoscaler.sim.emulator_errors import (
+from homelab_sim.emulator_errors import (
     FieldError,
     duplicate,
     invalid,
@@ -37,7 +37,7 @@ from homelab_autoscaler.sim.emulator_errors import (
     required,
     too_long,
 )
-from homelab_autoscaler.sim.emulator_meta import (
+from homelab_sim.emulator_meta import (
     dns1123_label,
     dns1123_subdomain,
     job_name,
