@@ -7,7 +7,10 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds docs proto histories e2e soak chaos bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e soak chaos bytecode clean
+
+help: ## what each target does
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,52 +32,60 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 bytecode:
 	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the layers)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) ## the whole pytest suite (~5 min on 2 cores)
 	$(BIN)/pytest
 
-test: lint typecheck unit
+test: lint typecheck unit ## what CI runs: lint, typecheck, every test
 
-crds: $(STAMP)
+# The pure rules and the tables, in seconds: the loop while editing domain/, api/ or a workflow's tables.
+QUICK_TESTS := tests/test_law.py tests/test_claims.py tests/test_fsm.py tests/test_history.py tests/test_group_choice.py \
+	tests/test_api_models.py tests/test_hygiene.py tests/test_crds.py tests/test_proto.py tests/test_docs.py \
+	tests/test_tables.py
+quick: $(STAMP) ## the pure and fast tests (seconds)
+	$(BIN)/pytest -q -p no:cacheprovider $(QUICK_TESTS)
+
+crds: $(STAMP) ## regenerate the CRDs from api/v2alpha1.py
 	$(BIN)/python -m api.crds
 
 # docs/configuration.md from the resource models and the settings sections; a test fails when it is stale.
-docs: $(STAMP)
+docs: $(STAMP) ## regenerate docs/configuration.md
 	$(BIN)/python -m homelab_autoscaler.docs
 
-proto: $(STAMP)
+proto: $(STAMP) ## regenerate the externalgrpc stubs
 	$(BIN)/python -m proto.generate
 
 # Add a generation of recorded histories (make histories TAG=v3) when workflow code changed behind a patch:
 # the older generations stay, so every version that may still be running is replayed by tests/test_replay.py.
 TAG ?=
-histories: $(STAMP)
+histories: $(STAMP) ## record a generation of workflow histories (TAG=vN)
 	@test -n "$(TAG)" || (echo "make histories TAG=<generation>: older generations are kept"; exit 2)
 	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py
 
 # The model-based adversary for as long as asked (tests/model.py): prints every seed, the examples and the steps.
 SOAK_MINUTES ?= 30
-soak: $(STAMP)
+soak: $(STAMP) ## the model-based adversary for SOAK_MINUTES
 	MODEL_BUDGET_SECONDS=$$(( $(SOAK_MINUTES) * 60 )) MODEL_STEPS=$${MODEL_STEPS:-60} \
 		$(BIN)/pytest -q -s -p no:cacheprovider tests/test_model.py
 
 # The chaos suite (tests/chaos.py): the roles as processes, kill -9s, API faults, a Temporal outage; prints the table.
 CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60
-chaos: $(STAMP)
+chaos: $(STAMP) ## the chaos suite: real processes, kill -9s, API faults, an outage
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
-e2e: $(STAMP)
+e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 	$(BIN)/pytest -m e2e tests/e2e -v -rs --timeout 3600
 
-run: $(RUN_STAMP)
+run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo
 	$(BIN)/homelab-autoscaler dev --simulate --demo
 
-clean:
+clean: ## remove the virtualenv
 	rm -rf $(VENV)

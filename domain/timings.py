@@ -50,6 +50,8 @@ class Timings:
     # Activity timeouts: a write (with its retries inside the workflow) and a read that feeds a poll.
     write_timeout: timedelta = timedelta(seconds=30)
     read_timeout: timedelta = timedelta(seconds=15)
+    # How long a watcher waits for a workflow's answer to a Query before it moves on (the next event asks again).
+    watcher_query_timeout: timedelta = timedelta(seconds=3)
 
 
 TIMINGS = Timings()

@@ -78,3 +78,10 @@ def check_free(ports: Iterable[Port]) -> None:
             f"port{'s' if len(busy) > 1 else ''} already in use: {listing}. Is another homelab-autoscaler "
             "(`make run`) running? Stop it, or move the port"
         )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS picks it), for a listener asked to take `0`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

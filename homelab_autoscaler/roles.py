@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.resources
 import json
 import logging
 import os
@@ -20,15 +19,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-import yaml
 from temporalio.client import Client
 
 from activities import KubeActivities
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
-from homelab_autoscaler.ports import Port, check_free, split_address
+from homelab_autoscaler.ports import Port, check_free, free_port, split_address
 from homelab_autoscaler.settings import (
     DevSettings,
     HealthSettings,
@@ -40,6 +38,7 @@ from homelab_autoscaler.settings import (
     TemporalSettings,
     WorkerSettings,
 )
+from homelab_autoscaler.simulator import SimulatedHomelab, check_homelab
 from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
 from kube.adapter import Kube
 from kube.settings import KubeSettings
@@ -48,9 +47,6 @@ from provider.service import CloudProvider
 from provider.settings import ProviderSettings
 from watchers.main import build_watchers
 from watchers.settings import WatchSettings
-
-if TYPE_CHECKING:
-    from homelab_sim.homelab_spec import HomelabSpec
 
 log = logging.getLogger("homelab_autoscaler")
 
@@ -315,38 +311,6 @@ def no_cluster_configured(kube: KubeSettings) -> bool:
     )
 
 
-def read_homelab(path: Path | None) -> HomelabSpec:
-    """The simulated homelab's file (None: the one it ships), or one line saying what is wrong with it and the fix."""
-    try:
-        import homelab_sim
-        from homelab_sim.homelab_spec import HomelabSpecError, parse_homelab_spec
-    except ImportError as err:
-        raise UserError(
-            f"--simulate needs the simulated homelab ({err.name} is missing): it is a separate distribution, "
-            "pip install -e '.[sim]' -e ./sim from a clone (make run does)"
-        ) from None
-    if path is None:
-        path = Path(str(importlib.resources.files(homelab_sim) / "homelab.yaml"))
-    example = "deploy/examples/homelab.yaml is an example"
-    if not path.is_file():
-        raise UserError(f"--homelab {path}: no such file ({example})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise UserError(f"--homelab {path}: cannot read it: {err.strerror or err}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"--homelab {where}: not valid YAML: {problem} ({example})") from None
-    if data is None:
-        raise UserError(f"--homelab {path} is empty: a homelab has apiVersion, kind, groups and slots ({example})")
-    try:
-        return parse_homelab_spec(data, str(path))
-    except HomelabSpecError as err:
-        raise UserError(f"--homelab {' '.join(str(err).split())} ({example})") from None
-
-
 def dev_ports(settings: Settings, simulate: bool) -> list[Port]:
     """Every port `dev` listens on: the embedded Temporal server and its UI, the emulator, then `run`'s."""
     dev = settings.section(DevSettings)
@@ -373,14 +337,13 @@ async def dev_role(settings: Settings) -> int:
     if dev.simulate and (kube_settings.server or kube_settings.kubeconfig or kube_settings.context):
         raise UserError("--simulate serves its own API server: drop --kube-server, --kubeconfig and --kube-context")
     simulate = dev.simulate or no_cluster_configured(kube_settings)
-    spec = read_homelab(dev.homelab) if simulate else None
     check_free(dev_ports(settings, simulate))
+    if simulate:
+        check_homelab(dev.homelab)
     try:
         temporal_binary()
     except FileNotFoundError as err:
         raise UserError(str(err)) from None
-    if simulate:
-        from homelab_sim.homelab import HomelabServer
 
     stop = stop_on_signals()
     logs = state_dir()
@@ -402,12 +365,12 @@ async def dev_role(settings: Settings) -> int:
     print(f"starting the embedded Temporal server on {server.address} (log: {logs / 'temporal-dev-server.log'})",
           flush=True)  # fmt: skip
     await asyncio.to_thread(server.start)
-    lab: HomelabServer | None = None
+    lab: SimulatedHomelab | None = None
     try:
         temporal = TemporalSettings(address=server.address)
         updates: dict[str, Any] = {"temporal": temporal}
-        if spec is not None:
-            lab = HomelabServer(spec, port=dev.kube_port, time_scale=dev.time_scale)
+        if simulate:
+            lab = SimulatedHomelab(dev.homelab, dev.kube_port or free_port(), dev.time_scale, logs / "homelab.log")
             await asyncio.to_thread(lab.start)
             updates["kube"] = kube_settings.model_copy(update={"server": lab.url})
             shown = dev.homelab.name if dev.homelab else "the default homelab"

@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from api import names
 from api.v2alpha1 import Group, Node, NodeClaim
@@ -32,6 +31,8 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# Deletes let the garbage collector remove dependents (a Job's Pods) after the object itself is gone.
+BACKGROUND = {"propagationPolicy": "Background"}
 DEFAULT_TIMEOUT = 10.0
 CAS_ATTEMPTS = 5
 # Objects per list page: a list follows `continue` until the server has sent everything, so a big namespace costs
@@ -59,12 +60,21 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    def path(self, namespace: str | None, name: str = "", sub: str = "") -> str:
+        """The REST path of the collection (all namespaces when namespace is None), an object, or a subresource."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        scope = f"/namespaces/{namespace}" if self.namespaced and namespace else ""
+        return f"{base}{scope}/{self.plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
 
 GROUPS = Resource(names.GROUP, names.VERSION, names.PLURAL_GROUPS, names.KIND_GROUP, True)
 SLOTS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODES, names.KIND_NODE, True)
 CLAIMS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODECLAIMS, names.KIND_NODECLAIM, True)
 KUBELET_NODES = Resource("", "v1", "nodes", "Node", False)
 JOBS = Resource("batch", "v1", "jobs", "Job", True)
+RESOURCES: dict[type[BaseModel], Resource] = {Group: GROUPS, Node: SLOTS, NodeClaim: CLAIMS}
+EVENTS = Resource("", "v1", "events", "Event", True)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
 
 
 @dataclass(frozen=True)
@@ -122,10 +132,6 @@ class Kube:
     def __init__(self, api_client: k8s.ApiClient, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.api_client = api_client
         self.timeout = timeout
-        self.custom = k8s.CustomObjectsApi(api_client)
-        self.core = k8s.CoreV1Api(api_client)
-        self.batch = k8s.BatchV1Api(api_client)
-        self.coordination = k8s.CoordinationV1Api(api_client)
 
     # --- construction ----------------------------------------------------------------------------------
     @classmethod
@@ -159,63 +165,69 @@ class Kube:
 
     def ping(self, timeout: float) -> None:
         """One cheap request (the server's version) that raises unless the API server answers within `timeout`."""
-        self._call("read the API server's version", k8s.VersionApi(self.api_client).get_code, _request_timeout=timeout)
+        self._open("read the API server's version", "GET", "/version", timeout=timeout).read()
 
     def close(self) -> None:
         self.api_client.close()
 
     # --- plumbing --------------------------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one client call with the adapter's timeout; return its JSON body; raise a typed error."""
-        kwargs.setdefault("_request_timeout", self.timeout)
-        kwargs["_preload_content"] = False
+    def _send(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One request to a resource path, its JSON body on the wire exactly as built; its JSON answer; a typed error.
+
+        Every resource goes through here by its path (`Resource.path`), so no method differs by kind. The typed
+        client methods (`create_namespaced_lease`, ...) would first coerce a dict into their model and serialise
+        that again, which rewrites values: a Lease's MicroTime with zero microseconds loses its fraction, which
+        the API server refuses (RFC3339Micro).
+        """
+        response = self._open(what, method, path, body, content_type=content_type, query=query, timeout=self.timeout)
         try:
-            return _body(fn(*args, **kwargs))
-        except ApiException as exc:
-            raise from_api_exception(exc, what) from exc
+            response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+        return _body(response)
 
-    def _send(self, what: str, method: str, path: str, body: Any, *, content_type: str = "application/json") -> Any:
-        """One request whose JSON body goes on the wire exactly as built; its JSON answer; a typed error.
-
-        The typed client methods (`create_namespaced_lease`, `create_namespaced_job`, ...) first coerce a dict into
-        their model and serialise that again, which rewrites values: a Lease's MicroTime with zero microseconds
-        loses its fraction, which the API server refuses (RFC3339Micro). These writes bypass that step.
-        """
+    def _open(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+        timeout: float | tuple[float, float],
+    ) -> Any:
+        """Send a request and return the response unread (a watch streams it); a non-2xx status is a typed error."""
         request = self.api_client.param_serialize(
             method=method,
             resource_path=path,
+            query_params=list((query or {}).items()),
             header_params={"Accept": "application/json", "Content-Type": content_type},
             body=body,
             auth_settings=["BearerToken"],
         )
         try:
-            response = self.api_client.call_api(*request, _request_timeout=self.timeout)
-            response.read()
+            response = self.api_client.call_api(*request, _request_timeout=timeout)
+            if not 200 <= response.status <= 299:
+                response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= response.status <= 299:
             raise from_api_exception(ApiException(http_resp=response), what)
-        return _body(response)
+        return response
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> JSON:
         what = f"get {res.kind} {namespace}/{name}" if namespace else f"get {res.kind} {name}"
-        if res.custom:
-            return self._call(
-                what,
-                self.custom.get_namespaced_custom_object,
-                res.group,
-                res.version,
-                namespace,
-                res.plural,
-                name,
-            )
-        if res is KUBELET_NODES:
-            return self._call(what, self.core.read_node, name)
-        if res is JOBS:
-            return self._call(what, self.batch.read_namespaced_job, name, namespace)
-        raise KubeError(f"{what}: resource not handled by the adapter")
+        return dict(self._send(what, "GET", res.path(namespace, name)) or {})
 
     def list_raw(
         self, res: Resource, namespace: str | None = None, selector: str | None = None
@@ -227,9 +239,9 @@ class Kube:
         the server has expired (410) costs one list of everything in a single response, as client-go's pager does.
         """
         what = f"list {res.plural}" + (f" in {namespace}" if namespace else "")
-        kw: dict[str, Any] = {"limit": LIST_PAGE_LIMIT}
+        kw: dict[str, str] = {"limit": str(LIST_PAGE_LIMIT)}
         if selector:
-            kw["label_selector"] = selector
+            kw["labelSelector"] = selector
         items: list[JSON] = []
         doc = self._list_page(what, res, namespace, kw)
         while True:
@@ -238,7 +250,7 @@ class Kube:
             if not token:
                 break
             try:
-                doc = self._list_page(what, res, namespace, {**kw, "_continue": token})
+                doc = self._list_page(what, res, namespace, {**kw, "continue": token})
             except Gone:
                 log.info("%s: the continue token expired; listing everything at once", what)
                 items = []
@@ -248,32 +260,9 @@ class Kube:
             item.setdefault("apiVersion", res.api_version)
         return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
-    def _list_page(self, what: str, res: Resource, namespace: str | None, kw: dict[str, Any]) -> JSON:
-        """One list request (one page when `kw` has a limit) as the API returns it."""
-        doc: JSON
-        if res.custom:
-            if namespace:
-                doc = self._call(
-                    what,
-                    self.custom.list_namespaced_custom_object,
-                    res.group,
-                    res.version,
-                    namespace,
-                    res.plural,
-                    **kw,
-                )
-            else:
-                doc = self._call(what, self.custom.list_cluster_custom_object, res.group, res.version, res.plural, **kw)
-        elif res is KUBELET_NODES:
-            doc = self._call(what, self.core.list_node, **kw)
-        elif res is JOBS:
-            if namespace:
-                doc = self._call(what, self.batch.list_namespaced_job, namespace, **kw)
-            else:
-                doc = self._call(what, self.batch.list_job_for_all_namespaces, **kw)
-        else:
-            raise KubeError(f"{what}: resource not handled by the adapter")
-        return doc or {}
+    def _list_page(self, what: str, res: Resource, namespace: str | None, query: dict[str, str]) -> JSON:
+        """One list request (one page when `query` has a limit) as the API returns it."""
+        return dict(self._send(what, "GET", res.path(namespace), query=query) or {})
 
     def open_watch(
         self,
@@ -284,35 +273,13 @@ class Kube:
         timeout_seconds: int,
     ) -> Any:
         """A raw watch stream (an urllib3 response); `kube.watch.Watch` reads it."""
-        what = f"watch {res.plural}"
-        kw: dict[str, Any] = {
-            "watch": True,
-            "resource_version": resource_version or None,
-            "timeout_seconds": timeout_seconds,
-            "allow_watch_bookmarks": True,
-            "_request_timeout": (self.timeout, timeout_seconds + self.timeout),
-            "_preload_content": False,
-        }
+        query = {"watch": "true", "timeoutSeconds": str(timeout_seconds), "allowWatchBookmarks": "true"}
+        if resource_version:
+            query["resourceVersion"] = resource_version
         if selector:
-            kw["label_selector"] = selector
-        try:
-            if res.custom:
-                if namespace:
-                    return self.custom.list_namespaced_custom_object(
-                        res.group, res.version, namespace, res.plural, **kw
-                    )
-                return self.custom.list_cluster_custom_object(res.group, res.version, res.plural, **kw)
-            if res is KUBELET_NODES:
-                return self.core.list_node(**kw)
-            if res is JOBS:
-                if namespace:
-                    return self.batch.list_namespaced_job(namespace, **kw)
-                return self.batch.list_job_for_all_namespaces(**kw)
-        except ApiException as exc:
-            raise from_api_exception(exc, what) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
-        raise KubeError(f"{what}: resource not handled by the adapter")
+            query["labelSelector"] = selector
+        timeout = (self.timeout, timeout_seconds + self.timeout)
+        return self._open(f"watch {res.plural}", "GET", res.path(namespace), query=query, timeout=timeout).response
 
     def _patch(
         self,
@@ -326,22 +293,8 @@ class Kube:
     ) -> JSON:
         sub = "/status" if status else ""
         what = f"patch {res.kind}{sub} {namespace + '/' if namespace else ''}{name}"
-        kw: dict[str, Any] = {"_content_type": content_type}
-        fn: Callable[..., Any]
-        if res.custom:
-            fn = (
-                self.custom.patch_namespaced_custom_object_status
-                if status
-                else self.custom.patch_namespaced_custom_object
-            )
-            return self._call(what, fn, res.group, res.version, namespace, res.plural, name, body, **kw)
-        if res is KUBELET_NODES:
-            fn = self.core.patch_node_status if status else self.core.patch_node
-            return self._call(what, fn, name, body, **kw)
-        if res is JOBS:
-            fn = self.batch.patch_namespaced_job_status if status else self.batch.patch_namespaced_job
-            return self._call(what, fn, name, namespace, body, **kw)
-        raise KubeError(f"{what}: resource not handled by the adapter")
+        path = res.path(namespace, name, "status" if status else "")
+        return dict(self._send(what, "PATCH", path, body, content_type=content_type) or {})
 
     def _cas(
         self,
@@ -381,29 +334,16 @@ class Kube:
         """One object as the API returns it (camelCase JSON): for readers that must survive a malformed field."""
         return self._get(res, namespace, name)
 
-    def get_group(self, namespace: str, name: str) -> Group:
-        return _parse(Group, self._get(GROUPS, namespace, name))
+    def get(self, model: type[M], namespace: str, name: str) -> M:
+        """A group, slot or claim, parsed (`Invalid`, naming it, when it does not fit the schema)."""
+        return _parse(model, self._get(RESOURCES[model], namespace, name))
 
-    def list_groups(self, namespace: str | None = None, selector: str | None = None) -> list[Group]:
-        return [_parse(Group, o) for o in self.list_raw(GROUPS, namespace, selector)[0]]
-
-    def get_slot(self, namespace: str, name: str) -> Node:
-        return _parse(Node, self._get(SLOTS, namespace, name))
-
-    def list_slots(self, namespace: str | None = None, selector: str | None = None) -> list[Node]:
-        return [_parse(Node, o) for o in self.list_raw(SLOTS, namespace, selector)[0]]
+    def items(self, model: type[M], namespace: str | None = None, selector: str | None = None) -> list[M]:
+        """The groups, slots or claims of a namespace (all when None), parsed."""
+        return [_parse(model, o) for o in self.list_raw(RESOURCES[model], namespace, selector)[0]]
 
     def get_claim(self, namespace: str, name: str) -> NodeClaim:
         return _parse(NodeClaim, self._get(CLAIMS, namespace, name))
-
-    def find_claim(self, namespace: str, name: str) -> NodeClaim | None:
-        try:
-            return self.get_claim(namespace, name)
-        except NotFound:
-            return None
-
-    def list_claims(self, namespace: str | None = None, selector: str | None = None) -> list[NodeClaim]:
-        return [_parse(NodeClaim, o) for o in self.list_raw(CLAIMS, namespace, selector)[0]]
 
     def create_claim(self, claim: NodeClaim) -> NodeClaim:
         """Create a claim under its deterministic name; a retry gets the claim that is already there."""
@@ -413,15 +353,7 @@ class Kube:
         body = claim.model_dump(by_alias=True, exclude_none=True, mode="json")
         body.pop("status", None)
         try:
-            created = self._call(
-                f"create NodeClaim {ns}/{name}",
-                self.custom.create_namespaced_custom_object,
-                names.GROUP,
-                names.VERSION,
-                ns,
-                names.PLURAL_NODECLAIMS,
-                body,
-            )
+            created = self._send(f"create NodeClaim {ns}/{name}", "POST", CLAIMS.path(ns), body)
         except KubeError as exc:
             if exc.status == 409 and exc.reason == "AlreadyExists":
                 return self.get_claim(ns, name)
@@ -431,26 +363,10 @@ class Kube:
     def delete_claim(self, namespace: str, name: str) -> bool:
         """Delete a claim (its finalizer, if any, holds it until released); False when it was already gone."""
         try:
-            self._call(
-                f"delete NodeClaim {namespace}/{name}",
-                self.custom.delete_namespaced_custom_object,
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.PLURAL_NODECLAIMS,
-                name,
-                propagation_policy="Background",
-            )
+            self._send(f"delete NodeClaim {namespace}/{name}", "DELETE", CLAIMS.path(namespace, name), query=BACKGROUND)
         except NotFound:
             return False
         return True
-
-    def patch_claim(self, namespace: str, name: str, patch: Mapping[str, Any]) -> NodeClaim:
-        """Merge-patch the claim's main resource (spec, metadata); `None` values delete fields (RFC 7386)."""
-        return _parse(NodeClaim, self._patch(CLAIMS, namespace, name, dict(patch)))
-
-    def patch_claim_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> NodeClaim:
-        return _parse(NodeClaim, self._patch(CLAIMS, namespace, name, {"status": dict(status)}, status=True))
 
     def patch_slot_status(
         self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
@@ -587,11 +503,9 @@ class Kube:
 
     def delete_node(self, name: str, resource_version: str | None = None) -> bool:
         """Delete a kubelet Node object (only that version of it, when given); False when gone or changed."""
-        options = None
-        if resource_version:
-            options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(resource_version=resource_version))
+        options = {"preconditions": {"resourceVersion": resource_version}} if resource_version else None
         try:
-            self._call(f"delete Node {name}", self.core.delete_node, name, body=options)
+            self._send(f"delete Node {name}", "DELETE", KUBELET_NODES.path(None, name), options)
         except (NotFound, Conflict):
             return False
         return True
@@ -603,8 +517,7 @@ class Kube:
         if not name:
             raise KubeError("create Job: metadata.name is required (lifecycle Jobs have deterministic names)")
         try:
-            path = f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
-            return self._send(f"create Job {namespace}/{name}", "POST", path, dict(body))
+            return self._send(f"create Job {namespace}/{name}", "POST", JOBS.path(namespace), dict(body))
         except KubeError as exc:
             if exc.status == 409 and exc.reason == "AlreadyExists":
                 return self._get(JOBS, namespace, name)
@@ -615,23 +528,6 @@ class Kube:
             return self._get(JOBS, namespace, name)
         except NotFound:
             return None
-
-    def list_jobs(self, namespace: str | None = None, selector: str | None = None) -> list[JSON]:
-        return self.list_raw(JOBS, namespace, selector)[0]
-
-    def delete_job(self, namespace: str, name: str) -> bool:
-        """Delete a Job and its Pods (background propagation); False when it was already gone."""
-        try:
-            self._call(
-                f"delete Job {namespace}/{name}",
-                self.batch.delete_namespaced_job,
-                name,
-                namespace,
-                propagation_policy="Background",
-            )
-        except NotFound:
-            return False
-        return True
 
     # --- Events ----------------------------------------------------------------------------------------
     def create_event(
@@ -682,27 +578,20 @@ class Kube:
         }
         what = f"create Event {regarding.namespace}/{name}"
         try:
-            return self._send(what, "POST", f"/api/v1/namespaces/{quote(regarding.namespace)}/events", body)
+            return self._send(what, "POST", EVENTS.path(regarding.namespace), body)
         except KubeError as exc:
             if not (exc.status == 409 and exc.reason == "AlreadyExists"):
                 raise
         # A repeat: bump the count guarded by the resourceVersion, so two writers never lose an increment.
         for _ in range(CAS_ATTEMPTS):
-            existing = self._call(what, self.core.read_namespaced_event, name, regarding.namespace)
+            existing = self._get(EVENTS, regarding.namespace, name)
             patch = {
                 "metadata": {"resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")},
                 "count": int(existing.get("count") or 1) + 1,
                 "lastTimestamp": when,
             }
             try:
-                return self._call(
-                    what,
-                    self.core.patch_namespaced_event,
-                    name,
-                    regarding.namespace,
-                    patch,
-                    _content_type=MERGE_PATCH,
-                )
+                return self._patch(EVENTS, regarding.namespace, name, patch)
             except Conflict:
                 continue
         raise Conflict(f"{what}: still conflicting after {CAS_ATTEMPTS} attempts to bump the count")
@@ -711,7 +600,7 @@ class Kube:
     def get_lease(self, namespace: str, name: str) -> JSON | None:
         """A coordination.k8s.io/v1 Lease as the API returns it, or None when there is none."""
         try:
-            return self._call(f"get Lease {namespace}/{name}", self.coordination.read_namespaced_lease, name, namespace)
+            return self._get(LEASES, namespace, name)
         except NotFound:
             return None
 
@@ -730,7 +619,7 @@ class Kube:
             return self._send(
                 f"create Lease {namespace}/{name}",
                 "POST",
-                f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases",
+                LEASES.path(namespace),
                 body,
             )
         except KubeError as exc:
@@ -746,7 +635,7 @@ class Kube:
         return self._send(
             f"patch Lease {namespace}/{name}",
             "PATCH",
-            f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases/{quote(name)}",
+            LEASES.path(namespace, name),
             patch,
             content_type=MERGE_PATCH,
         )

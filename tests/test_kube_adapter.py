@@ -17,7 +17,7 @@ import pytest
 from homelab_sim.emulator import EmulatorServer, Fault, KubeEmulator, RequestInfo
 
 from api import names
-from api.v2alpha1 import NodeClaim, NodeClaimSpec, ObjectMeta
+from api.v2alpha1 import Group, Node, NodeClaim, NodeClaimSpec, ObjectMeta
 from kube.adapter import CLAIMS, JOBS, KUBELET_NODES, SLOTS, Kube, ObjectRef, Resource
 from kube.errors import Conflict, Invalid, NotFound, Transient
 from kube.watch import Watch
@@ -91,25 +91,26 @@ def cluster(emulator: EmulatorServer, examples: dict[str, list[Obj]]) -> Emulato
 
 # --- reads -------------------------------------------------------------------------------------------------
 def test_get_and_list_the_three_resources_with_label_selectors(cluster: EmulatorServer, kube: Kube) -> None:
-    assert kube.get_group(NS, "workers").spec.max_size == 3
-    assert [g.metadata.name for g in kube.list_groups(NS)] == ["workers"]
-    assert sorted(str(g.metadata.namespace) for g in kube.list_groups()) == ["elsewhere", NS]  # all namespaces
+    assert kube.get(Group, NS, "workers").spec.max_size == 3
+    assert [g.metadata.name for g in kube.items(Group, NS)] == ["workers"]
+    assert sorted(str(g.metadata.namespace) for g in kube.items(Group)) == ["elsewhere", NS]  # all namespaces
 
-    assert kube.get_slot(NS, "gpu-1").spec.provider_id == "homelab://homelab-autoscaler-system/gpu-1"
-    assert [s.metadata.name for s in kube.list_slots(NS)] == ["gpu-1", "worker-1", "worker-2"]
-    labelled = kube.list_slots(NS, f"{names.LABEL_GROUP}=workers")
+    assert kube.get(Node, NS, "gpu-1").spec.provider_id == "homelab://homelab-autoscaler-system/gpu-1"
+    assert [s.metadata.name for s in kube.items(Node, NS)] == ["gpu-1", "worker-1", "worker-2"]
+    labelled = kube.items(Node, NS, f"{names.LABEL_GROUP}=workers")
     assert [s.metadata.name for s in labelled] == ["worker-1", "worker-2"]
     assert requests(cluster, "list", "nodes")[-1].params["labelSelector"] == f"{names.LABEL_GROUP}=workers"
 
     kube.create_claim(claim_model("c1", "worker-1"))
     kube.create_claim(claim_model("c2", "worker-2"))
     assert kube.get_claim(NS, "c1").spec.node == "worker-1"
-    assert [c.metadata.name for c in kube.list_claims(NS, f"{names.LABEL_NODE}=worker-2")] == ["c2"]
-    assert [c.metadata.name for c in kube.list_claims(NS, f"{names.LABEL_NODE} in (worker-1,worker-2)")] == [
+    assert [c.metadata.name for c in kube.items(NodeClaim, NS, f"{names.LABEL_NODE}=worker-2")] == ["c2"]
+    assert [c.metadata.name for c in kube.items(NodeClaim, NS, f"{names.LABEL_NODE} in (worker-1,worker-2)")] == [
         "c1",
         "c2",
     ]
-    assert kube.find_claim(NS, "nope") is None
+    with pytest.raises(NotFound):
+        kube.get_claim(NS, "nope")
 
 
 def test_kubelet_nodes_and_jobs_are_read_as_json(cluster: EmulatorServer, kube: Kube) -> None:
@@ -119,8 +120,8 @@ def test_kubelet_nodes_and_jobs_are_read_as_json(cluster: EmulatorServer, kube: 
     assert [n["metadata"]["name"] for n in kube.list_nodes("kubernetes.io/hostname=gpu-1")] == ["gpu-1"]
     kube.create_job(NS, a_job("j1", "worker-1"))
     kube.create_job(NS, a_job("j2", "worker-2"))
-    assert [j["metadata"]["name"] for j in kube.list_jobs(NS, f"{names.LABEL_NODE}=worker-2")] == ["j2"]
-    assert len(kube.list_jobs()) == 2
+    assert [j["metadata"]["name"] for j in kube.list_raw(JOBS, NS, f"{names.LABEL_NODE}=worker-2")[0]] == ["j2"]
+    assert len(kube.list_raw(JOBS)[0]) == 2
     job = kube.get_job(NS, "j1")
     assert job is not None and job["kind"] == "Job"
     assert kube.get_job(NS, "nope") is None
@@ -134,7 +135,7 @@ def test_a_stored_object_our_schema_refuses_is_invalid_not_a_pydantic_error(
 ) -> None:
     put(cluster, CRD, "nodes", {"metadata": {"name": "broken", "namespace": NS}, "spec": {"group": "workers"}})
     with pytest.raises(Invalid, match="broken"):
-        kube.get_slot(NS, "broken")
+        kube.get(Node, NS, "broken")
     assert kube.get_raw(SLOTS, NS, "broken")["spec"] == {"group": "workers"}
 
 
@@ -225,9 +226,11 @@ def test_create_job_twice_returns_the_one_job(cluster: EmulatorServer, kube: Kub
 # --- status writes ------------------------------------------------------------------------------------------
 def test_status_patches_go_to_the_status_subresource_as_merge_patches(cluster: EmulatorServer, kube: Kube) -> None:
     kube.create_claim(claim_model("c1"))
-    claim = kube.patch_claim_status(NS, "c1", {"phase": "booting", "attempt": 2})
+    claim = NodeClaim.model_validate(
+        kube.patch_raw(CLAIMS, NS, "c1", {"status": {"phase": "booting", "attempt": 2}}, status=True)
+    )
     assert claim.status.phase == "booting" and claim.status.attempt == 2
-    kube.patch_claim_status(NS, "c1", {"attempt": None})  # null deletes (RFC 7386)
+    kube.patch_raw(CLAIMS, NS, "c1", {"status": {"attempt": None}}, status=True)  # null deletes (RFC 7386)
     assert stored(cluster, CRD, "nodeclaims", NS, "c1")["status"] == {"phase": "booting"}  # type: ignore[index]
     assert kube.patch_slot_status(NS, "worker-1", {"phase": "off", "powerState": "off"}).status.phase == "off"
     assert kube.patch_group_status(NS, "workers", {"slots": 3}).status.slots == 3
@@ -245,7 +248,10 @@ def test_patch_claim_writes_the_main_resource(cluster: EmulatorServer, kube: Kub
     model = claim_model("c1")
     model.spec.deadline_at = datetime(2026, 1, 1, 8, 15, tzinfo=UTC)
     kube.create_claim(model)
-    assert kube.patch_claim(NS, "c1", {"spec": {"deadlineAt": None}}).spec.deadline_at is None
+    assert (
+        NodeClaim.model_validate(kube.patch_raw(CLAIMS, NS, "c1", {"spec": {"deadlineAt": None}})).spec.deadline_at
+        is None
+    )
     last = requests(cluster, "patch", "nodeclaims")[-1]
     assert last.subresource is None and last.content_type == "application/merge-patch+json"
 
@@ -272,7 +278,8 @@ def test_the_finalizer_holds_a_deleted_claim_until_removed(cluster: EmulatorServ
     with pytest.raises(Invalid, match="being deleted"):
         kube.add_claim_finalizer(NS, "c1", "someone/else")
     kube.remove_claim_finalizer(NS, "c1")
-    assert kube.find_claim(NS, "c1") is None
+    with pytest.raises(NotFound):
+        kube.get_claim(NS, "c1")
     assert kube.delete_claim(NS, "c1") is False
 
 
@@ -389,16 +396,16 @@ def test_delete_node_only_as_read(cluster: EmulatorServer, kube: Kube) -> None:
     assert kube.delete_node("worker-1", now["metadata"]["resourceVersion"]) is True
 
 
-def test_delete_job(cluster: EmulatorServer, kube: Kube) -> None:
-    kube.create_job(NS, a_job("j1"))
-    assert kube.delete_job(NS, "j1") is True
-    assert kube.delete_job(NS, "j1") is False
-    assert requests(cluster, "delete", "jobs")[0].params.get("propagationPolicy") == "Background"
+def test_delete_claim_lets_the_collector_take_its_dependents(cluster: EmulatorServer, kube: Kube) -> None:
+    kube.create_claim(claim_model("c1"))
+    assert kube.delete_claim(NS, "c1") is True
+    assert kube.delete_claim(NS, "c1") is False
+    assert requests(cluster, "delete", "nodeclaims")[0].params.get("propagationPolicy") == "Background"
 
 
 # --- Events --------------------------------------------------------------------------------------------
 def test_the_same_event_twice_is_one_event_with_count_two(cluster: EmulatorServer, kube: Kube) -> None:
-    slot = kube.get_slot(NS, "worker-1")
+    slot = kube.get(Node, NS, "worker-1")
     ref = ObjectRef(names.KIND_NODE, NS, "worker-1", str(slot.metadata.uid))
     first = kube.create_event(ref, "ReadinessGateTimeout", "node never became ready", warning=True)
     kube.create_event(ref, "ReadinessGateTimeout", "node never became ready", warning=True)
@@ -421,7 +428,7 @@ def test_the_same_event_twice_is_one_event_with_count_two(cluster: EmulatorServe
 # --- typed errors ---------------------------------------------------------------------------------------
 def test_errors_are_typed(cluster: EmulatorServer, kube: Kube) -> None:
     with pytest.raises(NotFound, match="nope"):
-        kube.get_group(NS, "nope")
+        kube.get(Group, NS, "nope")
     slot = stored(cluster, CRD, "nodes", NS, "worker-1")
     assert slot is not None
     stale = slot["metadata"]["resourceVersion"]
@@ -440,9 +447,9 @@ def test_errors_are_typed(cluster: EmulatorServer, kube: Kube) -> None:
 def test_a_server_error_is_transient_and_a_retry_succeeds(cluster: EmulatorServer, kube: Kube) -> None:
     cluster.emulator.faults.append(Fault(match=lambda i: i.verb == "get", status=500, times=1))
     with pytest.raises(Transient) as err:
-        kube.get_group(NS, "workers")
+        kube.get(Group, NS, "workers")
     assert err.value.status == 500 and err.value.retryable
-    assert kube.get_group(NS, "workers").metadata.name == "workers"
+    assert kube.get(Group, NS, "workers").metadata.name == "workers"
 
 
 def test_an_injected_422_is_invalid(cluster: EmulatorServer, kube: Kube) -> None:

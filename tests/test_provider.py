@@ -555,7 +555,7 @@ def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path) -> N
     assert ProviderSettings(provider_address="0.0.0.0:8086", **tls).tls
     # The process says so in one line and exits 2, before it listens anywhere.
     res = subprocess.run(
-        [str(BIN / "python"), "-m", "provider", "--provider-address", "0.0.0.0:0"],
+        [str(BIN / "homelab-autoscaler"), "provider", "--provider-address", "0.0.0.0:0"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol
 
 from temporalio.client import Client
@@ -18,13 +17,13 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from api import contracts as c
+from domain.timings import TIMINGS
 
 log = logging.getLogger(__name__)
 
 GROUP_WORKFLOW = "GroupWorkflow"
 SENT_KEPT = 10_000  # the log of delivered signals is for counting in tests and debugging, not a history
 # Reads must not hold a watcher up when no worker answers: the report then falls back to the resource alone.
-READ_TIMEOUT = timedelta(seconds=3)
 
 
 class SignalSink(Protocol):
@@ -98,7 +97,7 @@ class Signals:
         """Whether a workflow runs this claim: a claim resource with none was applied by hand (or left over)."""
         try:
             desc = await self.client.get_workflow_handle(c.claim_workflow_id(namespace, claim)).describe(
-                rpc_timeout=READ_TIMEOUT
+                rpc_timeout=TIMINGS.watcher_query_timeout
             )
         except RPCError:
             return False
@@ -111,7 +110,7 @@ class Signals:
         """
         handle = self.client.get_workflow_handle(c.claim_workflow_id(namespace, claim))
         try:
-            return await handle.query("digest", result_type=c.ClaimDigest, rpc_timeout=READ_TIMEOUT)
+            return await handle.query("digest", result_type=c.ClaimDigest, rpc_timeout=TIMINGS.watcher_query_timeout)
         except Exception as err:  # a query can fail in many ways (gone, no worker); the report falls back
             log.debug("digest of claim %s/%s unavailable: %s", namespace, claim, err)
             return None

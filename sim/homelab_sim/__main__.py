@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         "--time-scale", type=float, default=1.0, help="multiply every delay of the file (0: all synchronous)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what every machine does")
+    parser.add_argument("--check", action="store_true", help="only read the homelab file: exit 2 and say what is wrong")
     chaos = parser.add_argument_group("chaos (the chaos suite's knobs; all off by default)")
     chaos.add_argument("--chaos-seed", type=int, default=0, help="seed of the random faults")
     chaos.add_argument("--fault-rate", type=float, default=0.0, help="fraction of API requests that fail")
@@ -44,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_homelab_spec(args.homelab)
     except HomelabSpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    if args.check:
+        return 0
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     settings = ChaosSettings(

@@ -194,10 +194,19 @@ def parse_homelab_spec(data: Any, source: str = "<homelab>") -> HomelabSpec:
 
 
 def load_homelab_spec(path: str | Path) -> HomelabSpec:
-    """Read a homelab YAML file (one document)."""
+    """Read a homelab YAML file (one document); every problem is one line naming the file, line or field."""
     path = Path(path)
+    if not path.is_file():
+        raise HomelabSpecError(f"{path}: no such file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise HomelabSpecError(f"{path}: cannot read homelab file: {exc}") from exc
+    except OSError as err:
+        raise HomelabSpecError(f"{path}: cannot read it: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise HomelabSpecError(f"{where}: not valid YAML: {problem}") from None
+    if data is None:
+        raise HomelabSpecError(f"{path} is empty: a homelab has apiVersion, kind, groups and slots")
     return parse_homelab_spec(data, str(path))

@@ -42,6 +42,15 @@ ERROR_CODES: dict[ClaimReason, str] = {
     ClaimReason.CLAIM_REFUSED: "claim-refused",
     ClaimReason.OPERATOR_ERROR: "operator-error",
 }
+# Reasons a claim ends with that are no failed boot (a release, a hand deletion, an adoption): no error code.
+NOT_BOOT_FAILURES: frozenset[ClaimReason] = frozenset(
+    {
+        ClaimReason.NODE_DELETED,
+        ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE,
+        ClaimReason.DELETED_BY_HAND,
+        ClaimReason.ADOPTED,
+    }
+)
 
 
 def error_of(reason: str) -> tuple[str, int]:
