@@ -169,8 +169,15 @@ async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: P
     claim = ready[0]
     handle = demo.client.get_workflow_handle(claim.workflow_id)
     run_id = (await handle.describe()).run_id
-    timers = await timer_summaries(handle)
-    assert timers, f"no named timer in the history of {claim.workflow_id}"
+    # The claim is ready once its resource says so; the workflow task that then starts its liveness timer may
+    # still be on its way (a loaded machine): wait for it, bounded.
+    timers: set[str] = set()
+    for _ in range(60):
+        timers = await timer_summaries(handle)
+        if timers:
+            break
+        await asyncio.sleep(0.5)
+    assert timers, f"no named timer in the history of {claim.workflow_id} after 30 s"
 
     async with Chromium(log=tmp_path / "chromium.log") as browser:
         page = await browser.new_page()
