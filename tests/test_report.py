@@ -52,9 +52,6 @@ class Quiet:
     async def claim_running(self, namespace: str, claim: str) -> bool:
         return True
 
-    async def claim_digest(self, namespace: str, claim: str) -> c.ClaimDigest | None:
-        return None
-
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int:
         return sum(
             1 for w, s in self.sent if (signal is None or s == signal) and (workflow_id is None or w == workflow_id)

@@ -58,7 +58,7 @@ class Watchers:
         self.clock = clock
         self.resync = resync
         self.cluster = Cluster()
-        self.writer = ReportWriter(kube, self.cluster, digest=signals.claim_digest)
+        self.writer = ReportWriter(kube, self.cluster)
         self.dispatcher = Dispatcher(self.cluster, signals, self.writer, clock=clock)
         spaces: list[str | None] = list(namespaces) or [None]
         self.sources: list[Source] = []

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from api import contracts as c
 from api.names import (
     LABEL_GROUP,
     LABEL_NODE,
@@ -71,7 +70,6 @@ from watchers.cluster import (
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-Digest = Callable[[str, str], Awaitable[c.ClaimDigest | None]]
 WRITE_ATTEMPTS = 3
 
 
@@ -275,14 +273,13 @@ def group_health(troubled: list[bool]) -> GroupHealth:
 class ReportWriter:
     """Writes slot and group reports from a `Cluster` picture; `slot_writes`/`group_writes` count the writes.
 
-    `digest` asks a claim's workflow for its digest (the scale-down mark lives there); without it only a
-    deletionTimestamp marks a claim.
+    It reads the cluster only, never a workflow: a claim's scale-down mark is on its resource (the claim's
+    MarkedForDeletion condition, or its deletionTimestamp), so a report costs no Temporal round trip per claim.
     """
 
-    def __init__(self, kube: Kube, cluster: Cluster, *, digest: Digest | None = None) -> None:
+    def __init__(self, kube: Kube, cluster: Cluster) -> None:
         self.kube = kube
         self.cluster = cluster
-        self.digest = digest
         self.slot_writes = 0
         self.group_writes = 0
         self.deleted_nodes: list[str] = []
@@ -305,9 +302,6 @@ class ReportWriter:
         marked = False
         if live is not None:
             marked = bool(meta(live).get("deletionTimestamp")) or _condition_true(live, "MarkedForDeletion")
-            if not marked and self.digest is not None:
-                held = await self.digest(key[0], str(meta(live).get("name")))
-                marked = bool(held is not None and held.marked)
         newest = cl.newest_claim(key)
         policy = spec(group).get("powerOffNodePolicy") or PowerOffNodePolicy.DELETE
         delete_node = (

@@ -37,8 +37,6 @@ class SignalSink(Protocol):
 
     async def claim_running(self, namespace: str, claim: str) -> bool: ...
 
-    async def claim_digest(self, namespace: str, claim: str) -> c.ClaimDigest | None: ...
-
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int: ...
 
 
@@ -102,18 +100,6 @@ class Signals:
         except RPCError:
             return False
         return desc.status is not None and desc.status.name == "RUNNING"
-
-    async def claim_digest(self, namespace: str, claim: str) -> c.ClaimDigest | None:
-        """The claim workflow's own digest (it knows whether the claim is marked); None when it cannot answer.
-
-        The claim resource does not carry the scale-down mark, and the report needs it (draining vs ready).
-        """
-        handle = self.client.get_workflow_handle(c.claim_workflow_id(namespace, claim))
-        try:
-            return await handle.query("digest", result_type=c.ClaimDigest, rpc_timeout=TIMINGS.watcher_query_timeout)
-        except Exception as err:  # a query can fail in many ways (gone, no worker); the report falls back
-            log.debug("digest of claim %s/%s unavailable: %s", namespace, claim, err)
-            return None
 
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int:
         return sum(
