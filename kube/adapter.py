@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 import urllib3
@@ -165,18 +165,19 @@ class Kube:
         self.api_client.close()
 
     # --- plumbing --------------------------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
         """Run one client call with the adapter's timeout; return its JSON body; raise a typed error."""
         kwargs.setdefault("_request_timeout", self.timeout)
         kwargs["_preload_content"] = False
         try:
-            return _body(fn(*args, **kwargs))
+            # The API server answers every call made here with a JSON object (the resource, the list, a Status).
+            return cast(JSON, _body(fn(*args, **kwargs)))
         except ApiException as exc:
             raise from_api_exception(exc, what) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
 
-    def _send(self, what: str, method: str, path: str, body: Any, *, content_type: str = "application/json") -> Any:
+    def _send(self, what: str, method: str, path: str, body: Any, *, content_type: str = "application/json") -> JSON:
         """One request whose JSON body goes on the wire exactly as built; its JSON answer; a typed error.
 
         The typed client methods (`create_namespaced_lease`, `create_namespaced_job`, ...) first coerce a dict into
@@ -197,7 +198,7 @@ class Kube:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= response.status <= 299:
             raise from_api_exception(ApiException(http_resp=response), what)
-        return _body(response)
+        return cast(JSON, _body(response))  # a JSON object, as in `_call`
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> JSON:
         what = f"get {res.kind} {namespace}/{name}" if namespace else f"get {res.kind} {name}"

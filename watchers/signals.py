@@ -111,7 +111,9 @@ class Signals:
         """
         handle = self.client.get_workflow_handle(c.claim_workflow_id(namespace, claim))
         try:
-            return await handle.query("digest", result_type=c.ClaimDigest, rpc_timeout=READ_TIMEOUT)
+            # Queried by name, the SDK types the answer Any; its data converter decodes it into a ClaimDigest.
+            digest: c.ClaimDigest = await handle.query("digest", result_type=c.ClaimDigest, rpc_timeout=READ_TIMEOUT)
+            return digest
         except Exception as err:  # a query can fail in many ways (gone, no worker); the report falls back
             log.debug("digest of claim %s/%s unavailable: %s", namespace, claim, err)
             return None
