@@ -180,7 +180,7 @@ class Kube:
         *,
         content_type: str = "application/json",
         query: Mapping[str, str] | None = None,
-    ) -> Any:
+    ) -> JSON:
         """One request to a resource path, its JSON body on the wire exactly as built; its JSON answer; a typed error.
 
         Every resource goes through here by its path (`Resource.path`), so no method differs by kind. The typed
@@ -193,7 +193,8 @@ class Kube:
             response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
-        return _body(response)
+        doc = _body(response)
+        return doc if isinstance(doc, dict) else {}  # every answer here is an object; an empty body is none
 
     def _open(
         self,
@@ -227,7 +228,7 @@ class Kube:
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> JSON:
         what = f"get {res.kind} {namespace}/{name}" if namespace else f"get {res.kind} {name}"
-        return dict(self._send(what, "GET", res.path(namespace, name)) or {})
+        return self._send(what, "GET", res.path(namespace, name))
 
     def list_raw(
         self, res: Resource, namespace: str | None = None, selector: str | None = None
@@ -262,7 +263,7 @@ class Kube:
 
     def _list_page(self, what: str, res: Resource, namespace: str | None, query: dict[str, str]) -> JSON:
         """One list request (one page when `query` has a limit) as the API returns it."""
-        return dict(self._send(what, "GET", res.path(namespace), query=query) or {})
+        return self._send(what, "GET", res.path(namespace), query=query)
 
     def open_watch(
         self,
@@ -294,7 +295,7 @@ class Kube:
         sub = "/status" if status else ""
         what = f"patch {res.kind}{sub} {namespace + '/' if namespace else ''}{name}"
         path = res.path(namespace, name, "status" if status else "")
-        return dict(self._send(what, "PATCH", path, body, content_type=content_type) or {})
+        return self._send(what, "PATCH", path, body, content_type=content_type)
 
     def _cas(
         self,

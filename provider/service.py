@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import any_pb2, duration_pb2, message
+from google.protobuf import any_pb2, duration_pb2, message, timestamp_pb2
 from temporalio.client import Client
 from temporalio.runtime import Runtime
 
@@ -137,7 +137,9 @@ def _brief(request: message.Message) -> str:
     return str(request).replace("\n", " ")[:300]
 
 
-def _hours(start: Any, end: Any, has_both: bool, default_seconds: float, subject: str) -> float:
+def _hours(
+    start: timestamp_pb2.Timestamp, end: timestamp_pb2.Timestamp, has_both: bool, default_seconds: float, subject: str
+) -> float:
     """The priced period in hours: the request's window, or the configured default when it sends none."""
     if not has_both:
         return default_seconds / 3600.0

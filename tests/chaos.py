@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 import yaml
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
@@ -575,9 +575,9 @@ class Chaos:
             history = await handle.fetch_history()
             for e in history.events:
                 if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-                    cause = e.workflow_task_failed_event_attributes.cause
-                    if cause not in BENIGN_TASK_FAILURES:
-                        found.append(f"{wf.id}: a workflow task failed ({WorkflowTaskFailedCause.Name(cause)})")
+                    task_cause = e.workflow_task_failed_event_attributes.cause
+                    if task_cause not in BENIGN_TASK_FAILURES:
+                        found.append(f"{wf.id}: a workflow task failed ({WorkflowTaskFailedCause.Name(task_cause)})")
                         break
         return found
 
@@ -605,7 +605,7 @@ def _claim(name: str, slot: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _history_text(history: Any) -> str:
+def _history_text(history: WorkflowHistory) -> str:
     """A history as text, every payload's data decoded (the markers would hide in base64 otherwise)."""
     decoded: list[str] = []
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from homelab_sim.homelab import HomelabServer
 from homelab_sim.homelab_spec import parse_homelab_spec
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -159,10 +159,10 @@ class Lab:
         return bool(snap["loaded"])
 
     async def snapshot(self, name: str = "g") -> dict[str, Any]:
-        return await self.group(name).query(GroupWorkflow.snapshot)  # type: ignore[no-any-return]
+        return await self.group(name).query(GroupWorkflow.snapshot)
 
     async def increase(self, delta: int, group: str = "g") -> int:
-        return await self.group(group).execute_update(GroupWorkflow.increase_size, delta)  # type: ignore[no-any-return]
+        return await self.group(group).execute_update(GroupWorkflow.increase_size, delta)
 
     async def claim_names(self, group: str = "g") -> list[str]:
         return sorted((await self.snapshot(group))["claims"])
@@ -364,7 +364,7 @@ async def no_claims(lab: Lab) -> bool:
     return not (await lab.snapshot())["claims"]
 
 
-def history_text(history: Any) -> str:
+def history_text(history: WorkflowHistory) -> str:
     """A workflow history as searchable text: its JSON with every payload's data decoded from base64."""
     import base64
     import contextlib

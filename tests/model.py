@@ -16,6 +16,7 @@ schedule (worker timing is real, so a rare interleaving may need a few runs).
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter
@@ -158,7 +159,7 @@ class Model:
         if self.refusing_jobs is not None:
             # No Job can be made now: the claim must hear its cancel before the API server recovers.
             for name in marked:
-                await self.until(lambda n=name: self.marked(n), f"claim {name} heard its cancel")
+                await self.until(functools.partial(self.marked, name), f"claim {name} heard its cancel")
             self.cancelled_in_window |= marked
 
     async def delete_nodes(self) -> None:

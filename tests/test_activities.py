@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from homelab_sim.emulator import EmulatorServer, Fault
+from homelab_sim.emulator import EmulatorServer, Fault, KubeEmulator
 from temporalio import activity
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
@@ -248,6 +249,7 @@ def test_a_transient_failure_is_raised_for_temporal_to_retry(cluster: EmulatorSe
 
 # --- Jobs --------------------------------------------------------------------------------------------------
 def container_of(job: Obj) -> Obj:
+    container: Obj
     (container,) = job["spec"]["template"]["spec"]["containers"]
     return container
 
@@ -578,9 +580,14 @@ def test_load_group(cluster: EmulatorServer, acts: KubeActivities) -> None:
     assert "uid" not in template["metadata"] and "resourceVersion" not in template["metadata"]
 
 
+def delete_node(name: str) -> Callable[[KubeEmulator], Obj]:
+    """An emulator call that deletes the Node `name`."""
+    return lambda e: e.delete_object("v1", "nodes", None, name)
+
+
 def test_load_group_with_no_kubelet_nodes_has_no_template(cluster: EmulatorServer, acts: KubeActivities) -> None:
     for name in ("worker-1", "worker-2", "gpu-1"):
-        cluster.call(lambda e, n=name: e.delete_object("v1", "nodes", None, n))
+        cluster.call(delete_node(name))
     view = acts.load_group(c.GroupRef(NS, "workers"))
     assert view.template is None
     assert [s.observation.exists for s in view.slots] == [False, False, False]
@@ -588,7 +595,7 @@ def test_load_group_with_no_kubelet_nodes_has_no_template(cluster: EmulatorServe
 
 def test_load_group_falls_back_to_the_slot_reports_node_template(cluster: EmulatorServer, acts: KubeActivities) -> None:
     for name in ("worker-1", "worker-2", "gpu-1"):
-        cluster.call(lambda e, n=name: e.delete_object("v1", "nodes", None, n))
+        cluster.call(delete_node(name))
     snapshot = {
         "labels": {"homelab.dev/pool": "workers"},
         "taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}],

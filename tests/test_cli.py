@@ -16,7 +16,8 @@ import pytest
 
 from homelab_autoscaler import roles
 from homelab_autoscaler.cli import ALL_SETTINGS, CLAIMS_SECTIONS, load_settings, main, section_settings
-from homelab_autoscaler.settings import KubeSettings, LoggingSettings, MetricsSettings, NamespaceSettings
+from homelab_autoscaler.settings import LoggingSettings, MetricsSettings, NamespaceSettings
+from kube.settings import KubeSettings
 from provider.settings import ProviderSettings
 from tests.procs import BIN, ROOT, free_port
 

@@ -150,7 +150,7 @@ def _crd_validators() -> dict[str, jsonschema.protocols.Validator]:
 
 
 # cert-manager's schemas are not available offline: the fields these manifests rely on, checked by hand.
-CERT_MANAGER_REQUIRED = {
+CERT_MANAGER_REQUIRED: dict[str, list[tuple[str, ...]]] = {
     "Issuer": [("spec",)],
     "Certificate": [("spec", "secretName"), ("spec", "issuerRef", "name"), ("spec", "issuerRef", "kind")],
 }

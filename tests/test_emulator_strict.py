@@ -607,7 +607,7 @@ def test_job_template_is_immutable(batch: Any) -> None:
 
 def test_lease_micro_time_needs_microseconds(srv: EmulatorServer) -> None:
     """``metav1.MicroTime.UnmarshalJSON`` parses ``RFC3339Micro``: no six-digit fraction → 400 on decode."""
-    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "leader"}}
+    lease: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "leader"}}
     lease["spec"] = {"holderIdentity": "a", "renewTime": "2030-01-02T03:04:05Z", "leaseDurationSeconds": 15}
     status, answer, _ = http(srv, "POST", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", lease)
     assert (status, answer["reason"]) == (400, "BadRequest")
@@ -626,7 +626,7 @@ def test_lease_spec(srv: EmulatorServer) -> None:
 
 def test_time_fields_take_rfc3339(core: Any, srv: EmulatorServer) -> None:
     """``metav1.Time.UnmarshalJSON`` parses RFC 3339 (a fraction is accepted); anything else is a 400."""
-    event = {
+    event: dict[str, Any] = {
         "metadata": {"name": "e1", "namespace": NS},
         "involvedObject": {"kind": "Node", "name": "n1", "namespace": NS},
         "reason": "R",

@@ -84,7 +84,7 @@ async def test_temporal_down_is_unreachable_and_the_provider_says_unavailable(em
     assert not await temporal.check_once()
     kube = Kube.connect(server=emulator.url, timeout=2.0)
     emulator.call(lambda e: e.put_object("infra.homecluster.dev/v2alpha1", "groups", _group(), "homelab"))
-    settings = ProviderSettings(provider_address="127.0.0.1:0", rpc_timeout_seconds=1.0)
+    settings = ProviderSettings(address="127.0.0.1:0", rpc_timeout_seconds=1.0)
     built = CloudProvider.build(settings, client, kube, namespaces=["homelab"], temporal_unreachable=temporal.describe)
     up = await start(settings, built)
     try:

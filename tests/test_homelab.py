@@ -101,7 +101,8 @@ class Lab:
         node = self.node(name)
         if node is None:
             return None
-        return next(c.status for c in node.status.conditions if c.type == "Ready")
+        status: str | None = next(c.status for c in node.status.conditions if c.type == "Ready")
+        return status
 
     def taints(self, name: str) -> list[dict[str, Any]]:
         node = self.node(name)

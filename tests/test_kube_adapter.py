@@ -393,6 +393,7 @@ def test_delete_node_only_as_read(cluster: EmulatorServer, kube: Kube) -> None:
     assert kube.delete_node("worker-1", seen["metadata"]["resourceVersion"]) is False
     assert stored(cluster, "v1", "nodes", None, "worker-1") is not None
     now = stored(cluster, "v1", "nodes", None, "worker-1")
+    assert now is not None
     assert kube.delete_node("worker-1", now["metadata"]["resourceVersion"]) is True
 
 

@@ -164,7 +164,9 @@ def test_overlapping_rows_are_refused() -> None:
 TAINTS = (("node.cilium.io/agent-not-ready", "NoExecute"),)
 
 
-def node(ready: str | None = "True", taints: list[dict[str, str]] | None = None, cordoned: bool = False) -> dict:
+def node(
+    ready: str | None = "True", taints: list[dict[str, str]] | None = None, cordoned: bool = False
+) -> dict[str, Any]:
     conditions = [{"type": "MemoryPressure", "status": "False"}]
     if ready is not None:
         conditions.append({"type": "Ready", "status": ready})
@@ -194,7 +196,7 @@ CILIUM = {"key": "node.cilium.io/agent-not-ready", "effect": "NoExecute"}
         pytest.param(node(), TAINTS, False, id="all-good"),
     ],
 )
-def test_unusable(n: dict | None, taints: Any, expected: bool) -> None:
+def test_unusable(n: dict[str, Any] | None, taints: Any, expected: bool) -> None:
     assert unusable(n, taints) is expected
 
 
@@ -209,7 +211,7 @@ def test_unusable(n: dict | None, taints: Any, expected: bool) -> None:
         pytest.param(node(cordoned=True, taints=[CILIUM]), PowerState.ON, id="cordoned-tainted-is-still-on"),
     ],
 )
-def test_power_of(n: dict | None, expected: PowerState) -> None:
+def test_power_of(n: dict[str, Any] | None, expected: PowerState) -> None:
     assert power_of(n) is expected
 
 

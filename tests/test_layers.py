@@ -107,7 +107,9 @@ async def test_run_works_without_the_simulator(tmp_path: Path) -> None:
             def ready() -> bool:
                 assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
                 try:
-                    return urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2).status == 200
+                    return bool(
+                        urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2).status == 200
+                    )
                 except OSError:
                     return False
 

@@ -4,6 +4,7 @@ exactly its package, names, numbers and types (a renumbered field would still co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
@@ -11,6 +12,10 @@ from google.protobuf.descriptor import FieldDescriptor as F
 from proto import externalgrpc_pb2 as pb
 from proto import k8s_node_pb2 as k8s
 from proto.generate import ROOT, SOURCES, generate, outputs
+
+if TYPE_CHECKING:
+    # The stubs type a message's descriptors as either implementation's: the pure-Python one or upb's.
+    from google._upb._message import FieldDescriptor as UpbF
 
 PACKAGE = "clusterautoscaler.cloudprovider.v1.externalgrpc"
 STR, I32, I64, DBL, BOOL, BYTES, MSG, ENUM = (
@@ -145,7 +150,7 @@ def test_package_and_service() -> None:
     assert all(not m.client_streaming and not m.server_streaming for m in service.methods)
 
 
-def _label(field: F) -> str:
+def _label(field: F | UpbF) -> str:
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         return MAP
     return REP if field.is_repeated else ""
@@ -178,7 +183,10 @@ def test_instance_states_and_map_values() -> None:
         "instanceDeleting": 3,
     }
     gpu = pb.GetAvailableGPUTypesResponse.DESCRIPTOR.fields_by_name["gpuTypes"].message_type
-    assert gpu.fields_by_name["value"].message_type.full_name == "google.protobuf.Any"
+    assert gpu is not None
+    value = gpu.fields_by_name["value"].message_type
+    assert value is not None
+    assert value.full_name == "google.protobuf.Any"
 
 
 def test_known_bytes_on_the_wire() -> None:

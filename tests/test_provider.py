@@ -73,7 +73,7 @@ class Provider:
 
 
 def provider_settings(lab: Lab, **extra: Any) -> ProviderSettings:
-    return ProviderSettings(provider_address="127.0.0.1:0", catalog_ttl_seconds=0, **extra)
+    return ProviderSettings(address="127.0.0.1:0", catalog_ttl_seconds=0, **extra)
 
 
 @asynccontextmanager
@@ -543,16 +543,16 @@ async def test_mtls_accepts_the_cas_clients_and_refuses_others(tmp_path: Path) -
 
 def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=r"refusing to serve plaintext on 0\.0\.0\.0:8086"):
-        ProviderSettings(provider_address="0.0.0.0:8086")
+        ProviderSettings(address="0.0.0.0:8086")
     with pytest.raises(ValidationError, match="refusing"):
-        ProviderSettings(provider_address=":8086")
+        ProviderSettings(address=":8086")
     with pytest.raises(ValidationError, match="go together"):
         ProviderSettings(tls_cert=tmp_path / "c.pem")
-    assert ProviderSettings(provider_address="0.0.0.0:8086", insecure=True).insecure
-    assert ProviderSettings(provider_address="[::1]:8086").address == "[::1]:8086"
-    assert ProviderSettings(provider_address="localhost:8086")
+    assert ProviderSettings(address="0.0.0.0:8086", insecure=True).insecure
+    assert ProviderSettings(address="[::1]:8086").address == "[::1]:8086"
+    assert ProviderSettings(address="localhost:8086")
     tls: dict[str, Any] = {k: tmp_path / k for k in ("tls_cert", "tls_key", "tls_ca")}
-    assert ProviderSettings(provider_address="0.0.0.0:8086", **tls).tls
+    assert ProviderSettings(address="0.0.0.0:8086", **tls).tls
     # The process says so in one line and exits 2, before it listens anywhere.
     res = subprocess.run(
         [str(BIN / "homelab-autoscaler"), "provider", "--provider-address", "0.0.0.0:0"],

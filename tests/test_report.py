@@ -115,6 +115,7 @@ class World:
 
     def status(self, slot: str) -> dict[str, Any]:
         obj = self.em.call(lambda e: e.get_object(CRD, "nodes", NS, slot))
+        assert obj is not None
         return dict(obj.get("status") or {})
 
 

@@ -91,7 +91,7 @@ async def test_a_group_with_an_absurd_duration_refuses_to_grow_and_says_why() ->
 
 
 # --- 2. a slot that cannot be powered is reported, not tried ------------------------------------------------------
-BAD_SLOTS = {  # merge patches of slot s1
+BAD_SLOTS: dict[str, dict[str, Any]] = {  # merge patches of slot s1
     "no-startup-pod-spec": {"spec": {"startupPodSpec": None}},
     "both-value-and-valueFrom": {
         "spec": {

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from homelab_sim.emulator import Fault
+from homelab_sim.homelab import Homelab
 
 from api import contracts as c
 from kube.adapter import KUBELET_NODES, Kube
@@ -48,6 +49,13 @@ async def drive(lab: Lab, w: Watchers, check: Callable[[], Any], *, within: floa
         return got
 
     return await lab.until(pumped, within=within, step=step, what=what)
+
+
+def heartbeat(value: str) -> Callable[[Homelab], Any]:
+    """A lab call re-posting Node s1 with a new heartbeat annotation, nothing a decision reads."""
+    return lambda h: h.emulator.patch_object(
+        "v1", "nodes", None, "s1", {"metadata": {"annotations": {"heartbeat": value}}}
+    )
 
 
 def slot_status(lab: Lab, slot: str) -> dict[str, Any]:
@@ -128,20 +136,12 @@ async def test_ten_identical_kubelet_updates_make_one_signal() -> None:
         wid = c.claim_workflow_id(NS, name)
         before = w.signals.count("observe", wid)
         for i in range(10):  # heartbeats: the kubelet re-posts its Ready condition, nothing a decision reads
-            lab.lab.call(
-                lambda h, i=i: h.emulator.patch_object(
-                    "v1", "nodes", None, "s1", {"metadata": {"annotations": {"heartbeat": str(i)}}}
-                )
-            )
+            lab.lab.call(heartbeat(str(i)))
             await w.pump()
         assert w.signals.count("observe", wid) == before
         lab.lab.call(lambda h: h.emulator.patch_object("v1", "nodes", None, "s1", {"spec": {"unschedulable": True}}))
         for i in range(10):  # one real change (cordoned), then ten identical updates of the changed Node
-            lab.lab.call(
-                lambda h, i=i: h.emulator.patch_object(
-                    "v1", "nodes", None, "s1", {"metadata": {"annotations": {"heartbeat": f"x{i}"}}}
-                )
-            )
+            lab.lab.call(heartbeat(f"x{i}"))
             await w.pump()
         assert w.signals.count("observe", wid) == before + 1
 
@@ -157,6 +157,7 @@ async def test_a_stale_observation_delivered_late_changes_nothing() -> None:
         assert held["power"] == "off"
         reports_before = w.writer.slot_writes
         # The watcher side: an older version of the Node arriving after a newer one is dropped, unsent.
+        assert isinstance(w.signals, Signals)  # `watched` gives the watchers the real one
         sent_before, dropped_before = len(w.signals.sent), w.dispatcher.dropped_stale
         await w.dispatcher.handle(KUBELET_NODES, WatchEvent(MODIFIED, stale_node))
         assert w.dispatcher.dropped_stale == dropped_before + 1
@@ -268,11 +269,7 @@ async def test_reports_are_written_only_on_change() -> None:
         await w.pump()
         slots, groups = status_patches(lab, "nodes"), status_patches(lab, "groups")
         for i in range(5):
-            lab.lab.call(
-                lambda h, i=i: h.emulator.patch_object(
-                    "v1", "nodes", None, "s1", {"metadata": {"annotations": {"heartbeat": str(i)}}}
-                )
-            )
+            lab.lab.call(heartbeat(str(i)))
             await w.pump()
         assert await w.writer.everything(w.clock()) == 0
         assert (status_patches(lab, "nodes"), status_patches(lab, "groups")) == (slots, groups)

@@ -229,7 +229,11 @@ async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: P
         ), "no Configure Columns button on the list"
         for attribute in ("ClaimPhase", "ClaimReason"):
             button = f'[data-testid="orderable-list-item-{attribute}-add-button"]'
-            await page.wait_for_text(lambda t, a=attribute: a in t, timeout=UI_WAIT, what=f"{attribute} offered")
+
+            def offered(t: str, a: str = attribute) -> bool:
+                return a in t
+
+            await page.wait_for_text(offered, timeout=UI_WAIT, what=f"{attribute} offered")
             assert await page.evaluate(
                 f"(() => {{ const b = document.querySelector('{button}');"
                 " if (!b) return false; b.click(); return true; })()"

@@ -86,7 +86,9 @@ async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnviro
         assert await desc.static_summary() == f"claim {name} for slot {status['slot']} in group workers, attempt 1"
 
         def scrape() -> str:
-            return urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+            # typeshed types urlopen's answer Any; an http URL's is an HTTPResponse, whose read() gives bytes
+            body: bytes = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+            return body.decode()
 
         def ready_gauge(text: str) -> float | None:
             found = re.search(r"^homelab_claims\{([^}]*)\} (\S+)$", text, re.M)

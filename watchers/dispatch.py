@@ -26,9 +26,10 @@ from api import contracts as c
 from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, ClaimReason
 from kube import views
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Resource
+from kube.objects import meta, spec
 from kube.views import job_status, observe, readiness_taints
 from kube.watch import DELETED, SYNCED, WatchEvent
-from watchers.cluster import JSON, Cluster, Key, key_of, meta, newer_or_same, spec
+from watchers.cluster import JSON, Cluster, Key, key_of, newer_or_same
 from watchers.report import ReportWriter
 from watchers.signals import SignalSink
 

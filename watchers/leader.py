@@ -20,7 +20,8 @@ from typing import Any
 
 from kube.adapter import Kube
 from kube.errors import Conflict, KubeError
-from watchers.cluster import meta, parse_time, spec
+from kube.objects import meta, spec
+from watchers.cluster import parse_time
 
 log = logging.getLogger(__name__)
 

@@ -55,16 +55,14 @@ from domain import claims, history, law
 from kube import views
 from kube.adapter import GROUPS, SLOTS, Kube, ObjectRef
 from kube.errors import Conflict, KubeError, NotFound
+from kube.objects import meta, spec, status
 from kube.views import observe, readiness_taints, template_of
 from watchers.cluster import (
     Cluster,
     Key,
     claim_condition,
     claim_phase,
-    meta,
     newer_or_same,
-    spec,
-    status,
 )
 
 log = logging.getLogger(__name__)

@@ -475,7 +475,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         spec: ResourceSpec,
         key: ObjKey,
         old: Obj,
-        new: Any,
+        new: object,
         subresource: str | None,
         *,
         verb: str = "patch",

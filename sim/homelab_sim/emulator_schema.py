@@ -479,6 +479,7 @@ def _cel() -> ModuleType:
     """The CEL runtime, imported on first use: it is a test/simulation extra, and only strict mode needs it."""
     from cel_expr_python import cel
 
+    assert isinstance(cel, ModuleType)  # an extension module; untyped to mypy (the package has no py.typed)
     return cel
 
 

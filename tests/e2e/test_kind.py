@@ -199,15 +199,27 @@ def power_log() -> list[dict[str, Any]]:
 # --- the story ----------------------------------------------------------------------------------------------
 def test_idle_machines_are_adopted_then_scaled_down_and_powered_off(cluster: str) -> None:
     for machine in MACHINES:
-        wait_for(f"an adopted, ready claim for {machine}", lambda m=machine: any(
-            phase(c) == "ready" for c in claims_of(m)), within=180)  # fmt: skip
+
+        def adopted(m: str = machine) -> bool:
+            return any(phase(c) == "ready" for c in claims_of(m))
+
+        wait_for(f"an adopted, ready claim for {machine}", adopted, within=180)
     for machine in MACHINES:
-        wait_for(f"cluster-autoscaler to scale {machine} down and the power server to stop it",
-                 lambda m=machine: not container_running(m), within=600, every=10)  # fmt: skip
-        wait_for(f"the claims of {machine} to complete", lambda m=machine: claims_of(m) and all(
-            phase(c) == "completed" for c in claims_of(m)), within=300)  # fmt: skip
-        wait_for(f"the Node {machine} to be deleted (powerOffNodePolicy Delete)",
-                 lambda m=machine: get("node", m) is None, within=180)  # fmt: skip
+
+        def stopped(m: str = machine) -> bool:
+            return not container_running(m)
+
+        def completed(m: str = machine) -> list[dict[str, Any]] | bool:
+            return claims_of(m) and all(phase(c) == "completed" for c in claims_of(m))
+
+        def deleted(m: str = machine) -> bool:
+            return get("node", m) is None
+
+        wait_for(
+            f"cluster-autoscaler to scale {machine} down and the power server to stop it", stopped, within=600, every=10
+        )
+        wait_for(f"the claims of {machine} to complete", completed, within=300)
+        wait_for(f"the Node {machine} to be deleted (powerOffNodePolicy Delete)", deleted, within=180)
     stops = {(e["machine"], e["power"]) for e in power_log()}
     assert {(m, "off") for m in MACHINES} <= stops, "the machines went off through their shutdown Jobs"
     jobs = get("jobs", "-n", NS)["items"]

@@ -75,7 +75,8 @@ class Verbs:
     async def read(self, name: str, arg: Any, result_type: type[T], summary: str) -> T | None:
         """A read that may fail: the caller's poll asks again, so a failure is an unknown, not an error."""
         try:
-            return await workflow.execute_activity(
+            # Called by name, the SDK types the result Any; its data converter decodes it into `result_type`.
+            result: T = await workflow.execute_activity(
                 name,
                 arg,
                 result_type=result_type,
@@ -83,6 +84,7 @@ class Verbs:
                 retry_policy=READ_RETRY,
                 summary=summary,
             )
+            return result
         except ActivityError as err:
             workflow.logger.warning("%s failed: %s", summary, err.cause or err)
             return None
