@@ -13,7 +13,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerTuner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.expected import ExpectedFailures
@@ -131,12 +131,14 @@ def build_worker(
     max_activity_threads: int = 16,
     max_cached_workflows: int = 1000,
     sandboxed: bool = True,
+    tuner: WorkerTuner | None = None,
 ) -> Worker:
     """One worker for every workflow and activity; activities are synchronous (the kubernetes client is).
 
     `max_cached_workflows=0` replays every workflow task from its history (no sticky queue): slower, and what a
     test wants when it restarts workers at random, or wants every step replayed. `sandboxed=False` is for such a
     test only: the sandbox guards workflow code against I/O and clocks, which tests/test_hygiene.py checks too.
+    `tuner` hands out the task slots (a test counts the workflow tasks in flight with it).
     """
     return Worker(
         client,
@@ -147,4 +149,5 @@ def build_worker(
         workflow_runner=sandbox_runner() if sandboxed else UnsandboxedWorkflowRunner(),
         max_cached_workflows=max_cached_workflows,
         interceptors=[ExpectedFailures()],
+        tuner=tuner,
     )

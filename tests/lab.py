@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,16 @@ from homelab_sim.homelab_spec import parse_homelab_spec
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import (
+    CustomSlotSupplier,
+    FixedSizeSlotSupplier,
+    SlotMarkUsedContext,
+    SlotPermit,
+    SlotReleaseContext,
+    SlotReserveContext,
+    Worker,
+    WorkerTuner,
+)
 
 from activities import KubeActivities
 from api import contracts as c
@@ -63,6 +72,49 @@ def homelab(slots: list[dict[str, Any]], **group: Any) -> dict[str, Any]:
     }
 
 
+class InFlight(CustomSlotSupplier):
+    """Hands out workflow task slots without limit and counts the tasks the worker holds right now.
+
+    The time-skipping server strands a workflow whose task cancels a timer that fired while the task was with
+    the worker (see `Lab.settle_after_skip`); a driver that skips time only when no task is out avoids the race.
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
+        return SlotPermit()
+
+    def try_reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit | None:
+        return SlotPermit()
+
+    def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
+        self.held += 1
+
+    def release_slot(self, ctx: SlotReleaseContext) -> None:
+        if ctx.slot_info is not None:
+            self.held -= 1
+
+    def tuner(self) -> WorkerTuner:
+        fixed = FixedSizeSlotSupplier(100)
+        return WorkerTuner.create_composite(
+            workflow_supplier=self, activity_supplier=FixedSizeSlotSupplier(16), local_activity_supplier=fixed,
+            nexus_supplier=fixed,
+        )  # fmt: skip
+
+    async def quiet(self, *, within: float = 10.0, calm: float = 0.05) -> bool:
+        """Wait until no workflow task is out and none arrived for `calm` seconds; False when `within` ran out."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.held == 0:
+                await asyncio.sleep(calm)
+                if self.held == 0:
+                    return True
+            else:
+                await asyncio.sleep(0.01)
+        return False
+
+
 @dataclass
 class Lab:
     env: WorkflowEnvironment
@@ -78,6 +130,7 @@ class Lab:
     # length lands; a signal sent at once then races it. A driver that signals right after every skip (the model)
     # lets such timers fire first. The real server retries that task instead (the chaos suite runs on it).
     settle_after_skip: float = 0.0
+    in_flight: InFlight = field(default_factory=lambda: InFlight())
 
     async def restart_worker(self) -> None:
         """Stop the worker (its running activities finish first) and start a fresh one: a worker restart."""
@@ -88,6 +141,7 @@ class Lab:
             KubeActivities(self.kube).all(),
             max_cached_workflows=self.cached_workflows,
             sandboxed=self.sandboxed,
+            tuner=self.in_flight.tuner(),
         )
         await self.worker.__aenter__()
 
@@ -102,6 +156,8 @@ class Lab:
         A long skip on a loaded machine sometimes loses its connection to the test server ("h2 protocol
         error"): the client reconnects, and the skip is asked for once more.
         """
+        if self.settle_after_skip:
+            await self.in_flight.quiet()
         try:
             await self.env.sleep(seconds)
         except RPCError as err:
@@ -111,6 +167,7 @@ class Lab:
             await self.env.sleep(seconds)
         if self.settle_after_skip:
             await asyncio.sleep(self.settle_after_skip)
+            await self.in_flight.quiet()
 
     async def until(
         self, check: Callable[[], Any], *, within: float, step: float = 5.0, what: str = "condition"

@@ -233,8 +233,16 @@ async def test_a_whole_lifecycle_with_the_longest_names_the_crds_accept() -> Non
             shutdown = [j for j in lab.jobs(SLOT_A) if j["metadata"]["labels"]["type"] == "shutdown"]
             assert [j["metadata"]["name"] for j in shutdown] == [f"{by_slot[SLOT_A]}-shutdown"]
 
-            # Law 3: the machine comes on with no claim; the group releases it with a Job of its own episode.
+            # Law 3: the machine comes on with no claim; the group releases it with a Job of its own episode. The
+            # observation is sent once, here, so it waits until the group has heard the claim end (else it goes
+            # to the ending claim; the watchers would send it again to the group once the claim is terminal).
             await watchers.pump()
+
+            async def slot_free() -> bool:
+                slot_book = (await lab.snapshot(GROUP))["slots"][SLOT_A]
+                return not slot_book["liveClaim"] and not slot_book["drainingClaim"]
+
+            await lab.until(slot_free, within=MIN, what="the group to hear the claim end")
             lab.lab.power_on_by_hand(SLOT_A)
             on = c.Observation(power="on", usable=True, exists=True, gate_open=True, observed_at=utc_now())
             await lab.group(GROUP).signal(GroupWorkflow.observe_slot, c.SlotObservation(SLOT_A, on))

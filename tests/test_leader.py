@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aiohttp
 from homelab_sim.emulator import EmulatorServer
@@ -70,6 +71,35 @@ def test_hand_over_when_the_leader_stops(kube: Kube) -> None:
     lease = kube.get_lease(NS, "watch")
     assert lease is not None and lease["spec"]["holderIdentity"] == "b"
     assert lease["spec"]["leaseTransitions"] == 0, "a release is not a takeover of a live holder"
+
+
+class RenewedMeanwhile(Kube):
+    """The adapter, but the holder's own renewal (another thread) lands right after each of the next reads."""
+
+    def __init__(self, kube: Kube, races: int) -> None:
+        super().__init__(kube.api_client, timeout=kube.timeout)
+        self.races = races
+        self.renewer = elector(kube, "a")
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        lease = super().get_lease(namespace, name)
+        if self.races and lease is not None:
+            self.races -= 1
+            self.renewer.leading = True
+            assert self.renewer.tick(T0 + timedelta(seconds=1)), "the renewal in between"
+        return lease
+
+
+def test_a_release_racing_a_renewal_still_releases(kube: Kube) -> None:
+    """Stop while the renew thread's last write is in flight: the release reads again instead of leaving the
+    Lease held for a whole duration (a Conflict on the first try)."""
+    a = elector(kube, "a")
+    assert a.tick(T0)
+    racing = LeaderElector(RenewedMeanwhile(kube, races=2), NS, "watch", "a", LEASE)
+    racing.leading = True
+    racing.release(T0 + timedelta(seconds=2))
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and not lease["spec"].get("holderIdentity"), "released after two conflicts"
 
 
 def test_take_over_after_the_lease_duration_when_the_leader_vanishes(kube: Kube) -> None:

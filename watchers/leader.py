@@ -25,6 +25,8 @@ from watchers.cluster import parse_time
 
 log = logging.getLogger(__name__)
 
+RELEASE_ATTEMPTS = 3
+
 
 def micro_time(when: datetime) -> str:
     """metav1.MicroTime: RFC 3339 with microseconds, UTC."""
@@ -113,11 +115,21 @@ class LeaderElector:
         if not was:
             return
         try:
-            lease = self.kube.get_lease(self.namespace, self.name)
-            if lease is None or spec(lease).get("holderIdentity") != self.identity:
+            # A renewal still in flight on another thread may land between the read and the write: read again.
+            for _ in range(RELEASE_ATTEMPTS):
+                lease = self.kube.get_lease(self.namespace, self.name)
+                if lease is None or spec(lease).get("holderIdentity") != self.identity:
+                    return
+                rv = str(meta(lease).get("resourceVersion") or "")
+                try:
+                    self.kube.patch_lease(
+                        self.namespace, self.name, {"holderIdentity": None, "renewTime": micro_time(now)}, rv
+                    )
+                except Conflict:
+                    continue
+                log.info("lease %s/%s released by %s", self.namespace, self.name, self.identity)
                 return
-            rv = str(meta(lease).get("resourceVersion") or "")
-            self.kube.patch_lease(self.namespace, self.name, {"holderIdentity": None, "renewTime": micro_time(now)}, rv)
-            log.info("lease %s/%s released by %s", self.namespace, self.name, self.identity)
+            log.warning("lease %s/%s: still changing after %d tries; left to expire", self.namespace, self.name,
+                        RELEASE_ATTEMPTS)  # fmt: skip
         except KubeError as exc:  # the others take over after the duration instead
             log.warning("lease %s/%s not released: %s", self.namespace, self.name, exc)
