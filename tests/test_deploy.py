@@ -442,6 +442,136 @@ def test_power_examples_validate(path: Path) -> None:
         Node.model_validate(doc)
 
 
+def _pod_specs(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(slot/field, pod spec) of every slot in an example file."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == names.KIND_NODE]
+    return [
+        (f"{d['metadata']['name']}/{field}", d["spec"][field])
+        for d in docs
+        for field in ("startupPodSpec", "shutdownPodSpec")
+    ]
+
+
+EXAMPLE_POD_SPECS = [
+    (f"{path.relative_to(DEPLOY / 'examples')}:{where}", pod)
+    for path in [*POWER, DEPLOY / "examples" / "nodes.yaml"]
+    for where, pod in _pod_specs(path)
+]
+
+
+def _is_wake_on_lan(pod: dict[str, Any]) -> bool:
+    text = " ".join([*(pod.get("command") or []), *(pod.get("args") or [])])
+    return "SO_BROADCAST" in text or "wakeonlan" in text
+
+
+@pytest.mark.parametrize(("where", "pod"), EXAMPLE_POD_SPECS, ids=[w for w, _ in EXAMPLE_POD_SPECS])
+def test_example_scripts_fail_loudly(where: str, pod: dict[str, Any]) -> None:
+    """A shell script stops at its first failing command; a wake-on-LAN Job broadcasts from its node's network."""
+    line = [*(pod.get("command") or []), *(pod.get("args") or [])]
+    if line[:2] in (["/bin/sh", "-c"], ["sh", "-c"], ["/bin/bash", "-c"], ["bash", "-c"]):
+        script = line[2]
+        assert script.lstrip().startswith("set -eu"), f"{where}: a shell script starts with `set -eu`"
+        assert "|| true" not in script, f"{where}: a failure is checked, never ignored"
+    if _is_wake_on_lan(pod):
+        assert pod.get("hostNetwork") is True, f"{where}: Linux drops a directed broadcast routed from the pod network"
+
+
+def _script(path: str, field: str) -> tuple[list[str], dict[str, Any]]:
+    """The command line of an example's pod spec, as its container would run it, and the pod spec."""
+    ((_, pod),) = [(w, p) for w, p in _pod_specs(DEPLOY / "examples" / "power" / path) if w.endswith(field)]
+    return [*pod["command"], *pod["args"]], pod
+
+
+def _run_wake_on_lan(*args: str) -> subprocess.CompletedProcess[str]:
+    command, _ = _script("wake-on-lan.yaml", "startupPodSpec")
+    assert command[:2] == ["python", "-c"]
+    return subprocess.run(
+        [sys.executable, "-c", command[2], *args], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_wake_on_lan_script_sends_the_magic_packet() -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(("127.0.0.1", 0))
+        receiver.settimeout(10)
+        port = receiver.getsockname()[1]
+        done = _run_wake_on_lan("aa:bb:cc:dd:ee:01", "127.0.0.1", str(port))
+        assert done.returncode == 0, done.stderr
+        packet = receiver.recv(1024)
+    assert packet == b"\xff" * 6 + bytes.fromhex("aabbccddee01") * 16
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("aa:bb:cc:dd:ee", "127.0.0.1", "9"), "is not a MAC address"),
+        (("zz:bb:cc:dd:ee:01", "127.0.0.1", "9"), "is not a MAC address"),
+        (("aa:bb:cc:dd:ee:01", "256.1.1.1", "9"), "cannot send to 256.1.1.1:9"),
+        (("aa:bb:cc:dd:ee:01", "no-such-host.invalid", "9"), "cannot send to no-such-host.invalid:9"),
+    ],
+)
+def test_the_wake_on_lan_script_fails_when_it_cannot_send(args: tuple[str, ...], says: str) -> None:
+    done = _run_wake_on_lan(*args)
+    assert done.returncode != 0
+    assert says in done.stderr, done.stderr
+
+
+def _stub_tools(bin_dir: Path, calls: Path) -> None:
+    """apk, install, ssh, ping, sleep and curl as stubs: each logs its arguments; ssh and ping answer as told."""
+    behaviour = {
+        "ssh": 'case "$*" in *" true") exit "$SSH_LOGIN";; *poweroff*) exit "$SSH_POWEROFF";; esac',
+        "ping": 'exit "$PING"',
+    }
+    bin_dir.mkdir()
+    for tool in ("apk", "install", "ssh", "ping", "sleep", "curl"):
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n{behaviour.get(tool, "exit 0")}\n')
+        stub.chmod(0o755)
+
+
+SSH_SHUTDOWNS = ["ssh-shutdown.yaml", "wake-on-lan.yaml", "smart-plug.yaml"]
+
+
+@pytest.mark.parametrize("path", SSH_SHUTDOWNS)
+@pytest.mark.parametrize(
+    ("login", "poweroff", "ping", "succeeds"),
+    [
+        (0, 255, 1, True),  # logged in; the machine dropped the connection going down
+        (0, 0, 1, True),
+        (0, 1, 1, False),  # sudo refused
+        (255, 0, 0, False),  # answers ping, login refused (key, known_hosts)
+        (255, 0, 1, True),  # no answer at all: already off
+    ],
+)
+def test_the_ssh_shutdown_scripts_fail_when_the_machine_was_not_shut_down(
+    tmp_path: Path, path: str, login: int, poweroff: int, ping: int, succeeds: bool
+) -> None:
+    calls = tmp_path / "calls"
+    _stub_tools(tmp_path / "bin", calls)
+    command, _ = _script(path, "shutdownPodSpec")
+    assert command[:2] == ["/bin/sh", "-c"]
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SSH_LOGIN": str(login), "SSH_POWEROFF": str(poweroff)}
+    env["PING"] = str(ping)
+    done = subprocess.run(["/bin/sh", "-c", command[2]], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode == 0) is succeeds, (done.returncode, done.stdout, done.stderr)
+    if not succeeds and login != 0:
+        assert "SSH login failed" in done.stderr
+    plug_off = "curl" in calls.read_text() and "on=false" in calls.read_text()
+    assert plug_off is (succeeds and path == "smart-plug.yaml"), calls.read_text()
+
+
+def test_the_smart_plug_stays_on_under_an_os_that_still_answers(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    _stub_tools(tmp_path / "bin", calls)
+    command, _ = _script("smart-plug.yaml", "shutdownPodSpec")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SSH_LOGIN": "0", "SSH_POWEROFF": "255", "PING": "0"}
+    done = subprocess.run(["/bin/sh", "-c", command[2]], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "the plug stays on" in done.stderr, done.stderr
+    assert "on=false" not in calls.read_text()
+
+
 def test_the_kind_homelab_and_workload_validate() -> None:
     for name in ("homelab.yaml", "workload.yaml"):
         for doc in yaml.safe_load_all((DEPLOY / "kind" / name).read_text()):
