@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -423,6 +424,73 @@ def test_every_subcommand_and_flag_exists() -> None:
             assert re.search(rf"(^|\s){re.escape(flag)}\b", text), f"{path} {workload}: {role} has no {flag}"
     if not_built:
         pytest.skip(f"roles not built yet (placeholders in homelab_autoscaler/cli.py): {', '.join(sorted(not_built))}")
+
+
+# --- docs/install.md: the image and the Temporal volume -------------------------------------------------------
+INSTALL = ROOT / "docs" / "install.md"
+
+
+def _install_block(language: str, first_line: str) -> str:
+    """The fenced `language` block of docs/install.md that contains `first_line`."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", INSTALL.read_text(), flags=re.S)
+    (block,) = [b for b in blocks if first_line in b]
+    return block
+
+
+def _render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
+    (tmp_path / "kustomization.yaml").write_text(kustomization)
+    done = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name() -> None:
+    documented = yaml.safe_load(_install_block("yaml", "# kustomization.yaml of your overlay"))["images"][0]["name"]
+    for path in ("base", "overlays/homelab", "overlays/split"):
+        kustomization = yaml.safe_load((DEPLOY / path / "kustomization.yaml").read_text())
+        (entry,) = kustomization["images"]
+        assert entry["name"] == "homelab-autoscaler", f"deploy/{path}: the manifests' placeholder"
+        assert entry["newName"] == documented, f"deploy/{path} names {entry['newName']}, the docs {documented}"
+    build = _install_block("sh", "docker build")
+    assert "docker build -t REGISTRY/homelab-autoscaler:TAG ." in build
+    assert "docker push REGISTRY/homelab-autoscaler:TAG" in build
+    workloads = [
+        doc
+        for path in ("base/operator.yaml", "overlays/homelab/temporal.yaml")
+        for doc in yaml.safe_load_all((DEPLOY / path).read_text())
+        if doc and doc["kind"] in ("Deployment", "StatefulSet")
+    ]
+    placeholders = {c["image"] for doc in workloads for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert placeholders == {"homelab-autoscaler"}
+
+
+@needs_kubectl
+def test_the_documented_overlay_runs_your_image(tmp_path: Path) -> None:
+    kustomization = _install_block("yaml", "# kustomization.yaml of your overlay")
+    kustomization = kustomization.replace(
+        "../homelab-autoscaler/deploy/overlays/homelab",
+        os.path.relpath(_deploy_dir() / "overlays" / "homelab", tmp_path),
+    )
+    kustomization = kustomization.replace("REGISTRY", "registry.lan:5000").replace("TAG", "v9")
+    docs = _render_overlay(tmp_path, kustomization)
+    images = {c["name"]: c["image"] for _, c in containers(docs) if c["name"] in ("homelab-autoscaler", "temporal")}
+    assert set(images) == {"homelab-autoscaler", "temporal"}
+    assert set(images.values()) == {"registry.lan:5000/homelab-autoscaler:v9"}
+
+
+@needs_kubectl
+def test_the_temporal_volume_takes_the_default_storage_class_or_the_documented_one(tmp_path: Path) -> None:
+    (temporal,) = [d for d in render("overlays/homelab") if d["kind"] == "StatefulSet"]
+    (claim,) = temporal["spec"]["volumeClaimTemplates"]
+    assert "storageClassName" not in claim["spec"], "the default StorageClass, as docs/install.md says"
+    assert "default StorageClass" in INSTALL.read_text()
+    patch = _install_block("yaml", "storageClassName")
+    docs = _render_overlay(
+        tmp_path,
+        f"resources:\n  - {os.path.relpath(_deploy_dir() / 'overlays' / 'homelab', tmp_path)}\n" + patch,
+    )
+    (temporal,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert temporal["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "local-path"
 
 
 # --- power-method examples ----------------------------------------------------------------------------------
