@@ -131,6 +131,12 @@ def build_job(slot: Node, job_type: JobType | str, name: str, claim_name: str, c
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in pod.tolerations]
+    if pod.host_network:
+        pod_spec["hostNetwork"] = True
+    # A host-network pod keeps cluster DNS unless told otherwise (Kubernetes' ClusterFirst would drop it for one).
+    dns_policy = pod.dns_policy or ("ClusterFirstWithHostNet" if pod.host_network else None)
+    if dns_policy is not None:
+        pod_spec["dnsPolicy"] = dns_policy
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

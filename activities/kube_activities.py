@@ -483,7 +483,8 @@ def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView | None:
         attempt=int(status.get("attempt") or 1),
         call=str(spec.get("call") or names.ClaimCall.MANUAL),
         marked=bool(meta.get("deletionTimestamp")),
-        requested_at=_time(spec.get("requestedAt")),
+        # A claim written by hand may leave requestedAt out: it was asked for when it was created.
+        requested_at=_time(spec.get("requestedAt")) or _time(meta.get("creationTimestamp")),
         deadline_at=_time(spec.get("deadlineAt")),
         finished_at=_time(status.get("finishedAt")),
         reason=str(status.get("reason") or ""),

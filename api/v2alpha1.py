@@ -47,6 +47,7 @@ __all__ = [
     "Condition",
     "ConditionStatus",
     "ConfigMapEnvSource",
+    "DNSPolicy",
     "Duration",
     "EnvFromSource",
     "EnvVar",
@@ -570,6 +571,10 @@ class Toleration(_Spec):
     )
 
 
+#: core/v1 dnsPolicy, less `None` (which needs a dnsConfig the template does not offer).
+DNSPolicy = Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default"]
+
+
 class PodSpecTemplate(_Spec):
     """The container a lifecycle Job runs to power a machine on or off (wake-on-LAN, IPMI, SSH...).
 
@@ -608,7 +613,16 @@ class PodSpecTemplate(_Spec):
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Where the Job's pod may run.")
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Taints the Job's pod tolerates (control-plane nodes)."
+        default_factory=list, max_length=64, description="Taints the Job's pod tolerates (control-plane nodes)."
+    )
+    host_network: bool | None = Field(
+        default=None,
+        description="true: the Job's pod uses its node's network, so a wake-on-LAN broadcast leaves on the node's "
+        "LAN (Linux drops routed directed broadcasts by default); unset: the pod network.",
+    )
+    dns_policy: DNSPolicy | None = Field(
+        default=None,
+        description="The pod's dnsPolicy; unset: ClusterFirstWithHostNet with hostNetwork, else ClusterFirst.",
     )
 
 
@@ -715,8 +729,14 @@ class NodeClaimSpec(_Spec):
 
     node: str = Field(min_length=1, description="The slot (Node) this claim wants powered on.")
     group: str = Field(min_length=1, description="The slot's Group.")
-    requested_at: Time = Field(description="When the machine was asked for.")
-    deadline_at: Time | None = Field(default=None, description="Boot deadline; cleared when the claim is ready.")
+    requested_at: Time | None = Field(
+        default=None,
+        description="When the machine was asked for; unset (a claim written by hand): its creationTimestamp.",
+    )
+    deadline_at: Time | None = Field(
+        default=None,
+        description="Boot deadline; unset: requestedAt + the provision time in force. Cleared when the claim is ready.",
+    )
     max_node_provision_time: ProvisionTime | None = Field(
         default=None, description="The provision time in force when the claim was made (the group's, at least 12m10s)."
     )

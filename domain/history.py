@@ -6,12 +6,15 @@ Nothing reads these fields to decide anything: they are outputs for people and d
 
 Decisions beyond the seed:
 
-* An *activation* is one boot: a report transition from the no-machine side (``off``, ``pending``) to the
-  machine side the pool asked for (``booting``, ``ready``). ``ready -> booting`` (a node that went NotReady
-  or was cordoned under a ready claim) and ``draining -> booting`` (a machine that never went off) are the
-  same boot, not new ones; ``off -> ready`` (a debounced watcher that never saw ``booting``, or an
-  adopted machine) still counts once. The first report of a slot (no previous phase) is not an
-  activation: there is nothing before it to say a boot happened.
+* An *activation* is one boot that brought the machine up: counted when the report reaches ``ready`` from the
+  no-machine side (``off``, ``pending``), directly (a debounced watcher that never saw ``booting``, an adopted
+  machine) or through ``booting`` (``pending -> booting -> ready``). A boot that never came up (``booting ->
+  off``, a failed or cancelled claim) is no activation: the count is of machines that ran, which is what a
+  person reading ``activationsLast24H`` asks. ``ready -> booting -> ready`` (a node that went NotReady or was
+  cordoned under a ready claim) and ``draining -> booting -> ready`` (a machine that never went off) are the
+  same boot, not new ones. The first report of a slot (no previous phase) is not an activation, nor is a
+  ``booting`` first report's ``ready``: there is nothing before them to say a boot happened. The phase before
+  ``booting`` is the status's ``previousPhase``, so the rule needs no ring row (they expire).
 * A row leaves the window when it is *older* than the window (``now - at > TIMINGS.history_window``), so
   ``next_expiry`` is one microsecond (the resolution of ``datetime``) past ``at + TIMINGS.history_window``: a pass
   scheduled at that instant is sure to prune, so a timer never re-arms at the same instant.
@@ -30,9 +33,8 @@ from domain.timings import TIMINGS
 
 RESOLUTION = timedelta(microseconds=1)
 
-# Reports with no machine the pool asked for, and reports of a machine it asked for.
+# Reports with no machine the pool asked for: a boot that reaches ready from one of them is an activation.
 NO_MACHINE: frozenset[Report] = frozenset({Report.OFF, Report.PENDING})
-BOOTED: frozenset[Report] = frozenset({Report.BOOTING, Report.READY})
 
 
 def _utc(t: datetime) -> datetime:
@@ -40,9 +42,11 @@ def _utc(t: datetime) -> datetime:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t
 
 
-def is_activation(old: Report | None, new: Report) -> bool:
-    """Whether the report move old -> new is one boot (see the module docstring)."""
-    return old in NO_MACHINE and new in BOOTED
+def is_activation(old: Report | None, new: Report, before: Report | None = None) -> bool:
+    """Whether the report move old -> new, `before` being the phase before old, is a boot that came up."""
+    if new is not Report.READY:
+        return False
+    return old in NO_MACHINE or (old is Report.BOOTING and before in NO_MACHINE)
 
 
 def _in_window(at: datetime, now: datetime) -> bool:
@@ -85,7 +89,7 @@ def record(status: NodeStatus, phase: Report | str, now: datetime) -> NodeStatus
     old = status.phase
     if old == new:
         return expire(status, now)
-    boot = is_activation(old, new)
+    boot = is_activation(old, new, status.previous_phase)
     row = Transition(from_phase=old, to_phase=new, at=now)
     update = _windowed(status, now, (row,), (now,) if boot else ())
     update |= {

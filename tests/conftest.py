@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,12 @@ from homelab_sim.emulator import EmulatorServer
 from kube.adapter import Kube
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples"
+
+# kubectl caches discovery and HTTP answers under $HOME/.kube/cache unless KUBECACHEDIR says where: with HOME
+# at a checkout (a CI job, a container) the suite would leave them in the repository. Every kubectl a test starts
+# inherits this, so they go to a directory of the session's own, removed at its end.
+KUBE_CACHE = Path(tempfile.mkdtemp(prefix="homelab-kubectl-cache-"))
+os.environ["KUBECACHEDIR"] = str(KUBE_CACHE)
 
 
 @pytest.fixture
@@ -132,3 +140,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rbac_session: checks what the whole session asked of the API server")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(KUBE_CACHE, ignore_errors=True)

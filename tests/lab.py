@@ -403,12 +403,14 @@ def applied_with_a_typo(slot_name: str, pod_spec: str, typo: dict[str, Any]) -> 
 
 
 def apply_claim(lab: Lab, name: str, slot_name: str, **spec: Any) -> None:
-    """A NodeClaim applied by hand (kubectl apply): no status, no deadline, a call of Manual."""
+    """A NodeClaim applied by hand (kubectl apply): no status, no deadline, a call of Manual (a None leaves a field
+    out, as `requestedAt=None` does deploy/examples/nodeclaim.yaml)."""
+    fields = {"node": slot_name, "group": "g", "requestedAt": "2099-01-01T00:00:00Z", "call": "Manual", **spec}
     body = {
         "apiVersion": "infra.homecluster.dev/v2alpha1",
         "kind": "NodeClaim",
         "metadata": {"name": name, "namespace": NS},
-        "spec": {"node": slot_name, "group": "g", "requestedAt": "2099-01-01T00:00:00Z", "call": "Manual", **spec},
+        "spec": {key: value for key, value in fields.items() if value is not None},
     }
     lab.lab.call(lambda h: h.emulator.put_object("infra.homecluster.dev/v2alpha1", "nodeclaims", body, NS))
 

@@ -24,6 +24,7 @@ from activities.jobs import build_job
 from api import contracts as c
 from api import names
 from api.v2alpha1 import Node
+from kube import views
 from kube.adapter import Kube
 from kube.errors import Transient
 
@@ -647,6 +648,57 @@ def test_build_job_takes_the_pod_specs_own_bounds_and_keeps_the_operators_env(ex
     assert job["metadata"]["ownerReferences"][0]["controller"] is True
     with pytest.raises(ValueError):
         build_job(Node.model_validate(raw), "reboot", "w-reboot", "", "")
+
+
+def test_a_claim_without_requested_at_is_taken_as_asked_for_at_its_creation(
+    cluster: EmulatorServer, acts: KubeActivities
+) -> None:
+    """deploy/examples/nodeclaim.yaml leaves requestedAt out, so its deadline counts from when it was applied."""
+    created = "2031-05-06T07:08:09Z"
+    put(
+        cluster,
+        CRD,
+        "nodeclaims",
+        {
+            "metadata": {"name": "by-hand", "namespace": NS, "creationTimestamp": created},
+            "spec": {"node": "worker-1", "group": "workers"},
+        },
+    )
+    (view,) = [v for v in acts.load_group(c.GroupRef(NS, "workers")).claims if v.name == "by-hand"]
+    assert view.requested_at == datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    assert view.deadline_at is None, "the group sets it from requestedAt and the provision time in force"
+
+
+def test_build_job_carries_the_pod_fields_a_power_job_needs(examples: dict[str, list[Obj]]) -> None:
+    """hostNetwork (a wake-on-LAN broadcast on the node's LAN), nodeSelector, tolerations, dnsPolicy reach the pod."""
+    raw = examples["nodes"][0]
+    raw["metadata"]["uid"] = "slot-uid"
+    raw["spec"]["startupPodSpec"].update(
+        hostNetwork=True,
+        nodeSelector={"homelab.dev/lan": "main"},
+        tolerations=[{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
+    )
+    pod = build_job(Node.model_validate(raw), "startup", "w-startup", "", "")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet", "a host-network pod keeps cluster DNS by default"
+    assert pod["nodeSelector"] == {"homelab.dev/lan": "main"}
+    assert pod["tolerations"] == [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    raw["spec"]["startupPodSpec"]["dnsPolicy"] = "Default"
+    assert build_job(Node.model_validate(raw), "startup", "w", "", "")["spec"]["template"]["spec"]["dnsPolicy"] == (
+        "Default"
+    )
+    plain = build_job(Node.model_validate(raw), "shutdown", "w-shutdown", "", "")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in plain and "dnsPolicy" not in plain, "unset: the pod network and Kubernetes' DNS"
+
+
+def test_a_dns_policy_the_template_cannot_serve_is_refused_by_name(examples: dict[str, list[Obj]]) -> None:
+    """dnsPolicy None needs a dnsConfig the template does not offer: refused, naming the field."""
+    raw = examples["nodes"][0]
+    raw["spec"]["startupPodSpec"]["dnsPolicy"] = "None"
+    problem = views.slot_problem(raw)
+    assert "spec.startupPodSpec.dnsPolicy" in problem, problem
 
 
 def test_in_a_worker_each_claim_move_is_its_own_event_listed_in_order(

@@ -7,9 +7,11 @@ searches for at random. Time-skipping Temporal, the real worker and activities, 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.exceptions import ApplicationError
@@ -30,6 +32,8 @@ from tests.lab import (
     slot_free,
 )
 from workflows.group.workflow import GroupWorkflow
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MIN = 60.0
 CRD = "infra.homecluster.dev/v2alpha1"
@@ -219,6 +223,19 @@ async def test_a_hand_applied_claim_without_a_deadline_gets_the_budget_in_force(
         st = await lab.wait_phase("s1-by-hand", "failed", within=MIN, step=5)
         # requested long ago: its deadline (requestedAt + 12m10s) has passed, so it never buys a machine
         assert st["reason"] == "DeadlineExceeded" and st["deadlineAt"].startswith("2026-01-01T00:12:10")
+
+
+async def test_the_example_claim_without_times_counts_from_its_creation_and_boots() -> None:
+    """deploy/examples/nodeclaim.yaml leaves requestedAt and deadlineAt out: applied any day, it boots."""
+    example = yaml.safe_load((ROOT / "deploy" / "examples" / "nodeclaim.yaml").read_text())
+    assert "requestedAt" not in example["spec"] and "deadlineAt" not in example["spec"]
+    spec = {k: v for k, v in example["spec"].items() if k not in ("node", "group")}
+    async with open_lab(homelab([slot("s1")])) as lab:
+        await lab.start_group()
+        apply_claim(lab, "s1-example", "s1", **{**spec, "requestedAt": None})
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase("s1-example", "ready", within=3 * MIN)
+        assert st["attempt"] == 1
 
 
 async def test_a_hand_applied_claim_seeds_its_attempt_and_keeps_its_ttl() -> None:

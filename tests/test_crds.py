@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ import yaml
 
 from api import names
 from api.crds import CRD_DIR, CRD_FILES, crd_schemas, crds, render, to_json_schema
-from api.v2alpha1 import load
+from api.v2alpha1 import NodeClaim, load
+from domain import claims
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "examples"
 
@@ -73,7 +74,12 @@ def test_datetimes_durations_enums() -> None:
     schemas = crd_schemas()
     claim = schemas[names.KIND_NODECLAIM]["properties"]
     requested_at = claim["spec"]["properties"]["requestedAt"]
-    assert requested_at == {"type": "string", "format": "date-time", "description": requested_at["description"]}
+    assert requested_at == {
+        "type": "string",
+        "format": "date-time",
+        "nullable": True,
+        "description": requested_at["description"],
+    }
     duration = claim["spec"]["properties"]["maxNodeProvisionTime"]
     assert duration["type"] == "string" and "pattern" in duration
     assert claim["status"]["properties"]["phase"]["enum"] == [p.value for p in names.ClaimPhase]
@@ -212,6 +218,22 @@ def test_example_valid(where: str, doc: dict[str, Any]) -> None:
     # what the operator would write back is valid against the CRD too
     dumped = model.model_dump(by_alias=True, exclude_none=True, mode="json")
     assert [e.message for e in validator(doc["kind"]).iter_errors(dumped)] == []
+
+
+CLAIM_EXAMPLES = [(where, doc) for where, doc in EXAMPLES if doc["kind"] == names.KIND_NODECLAIM]
+
+
+@pytest.mark.parametrize(("where", "doc"), CLAIM_EXAMPLES, ids=[where for where, _ in CLAIM_EXAMPLES])
+def test_example_claims_are_not_expired_when_applied(where: str, doc: dict[str, Any]) -> None:
+    """Applied now, an example claim has a boot window ahead of it (a fixed date would fail it at once)."""
+    claim = load(doc)
+    assert isinstance(claim, NodeClaim)
+    now = datetime.now(UTC)
+    spec = claim.spec
+    requested = spec.requested_at or now  # the operator takes an unset requestedAt from creationTimestamp
+    assert requested <= now + timedelta(minutes=1), f"{where}: requestedAt is in the future"
+    deadline = spec.deadline_at or claims.deadline_at(requested, spec.max_node_provision_time)
+    assert deadline > now, f"{where}: the claim's deadline {deadline:%Y-%m-%d %H:%M}Z has passed"
 
 
 def test_non_kubernetes_documents_are_skipped(tmp_path: Path) -> None:

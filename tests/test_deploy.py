@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -425,6 +426,73 @@ def test_every_subcommand_and_flag_exists() -> None:
         pytest.skip(f"roles not built yet (placeholders in homelab_autoscaler/cli.py): {', '.join(sorted(not_built))}")
 
 
+# --- docs/install.md: the image and the Temporal volume -------------------------------------------------------
+INSTALL = ROOT / "docs" / "install.md"
+
+
+def _install_block(language: str, first_line: str) -> str:
+    """The fenced `language` block of docs/install.md that contains `first_line`."""
+    blocks: list[str] = re.findall(rf"```{language}\n(.*?)```", INSTALL.read_text(), flags=re.S)
+    (block,) = [b for b in blocks if first_line in b]
+    return block
+
+
+def _render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
+    (tmp_path / "kustomization.yaml").write_text(kustomization)
+    done = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name() -> None:
+    documented = yaml.safe_load(_install_block("yaml", "# kustomization.yaml of your overlay"))["images"][0]["name"]
+    for path in ("base", "overlays/homelab", "overlays/split"):
+        kustomization = yaml.safe_load((DEPLOY / path / "kustomization.yaml").read_text())
+        (entry,) = kustomization["images"]
+        assert entry["name"] == "homelab-autoscaler", f"deploy/{path}: the manifests' placeholder"
+        assert entry["newName"] == documented, f"deploy/{path} names {entry['newName']}, the docs {documented}"
+    build = _install_block("sh", "docker build")
+    assert "docker build -t REGISTRY/homelab-autoscaler:TAG ." in build
+    assert "docker push REGISTRY/homelab-autoscaler:TAG" in build
+    workloads = [
+        doc
+        for path in ("base/operator.yaml", "overlays/homelab/temporal.yaml")
+        for doc in yaml.safe_load_all((DEPLOY / path).read_text())
+        if doc and doc["kind"] in ("Deployment", "StatefulSet")
+    ]
+    placeholders = {c["image"] for doc in workloads for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert placeholders == {"homelab-autoscaler"}
+
+
+@needs_kubectl
+def test_the_documented_overlay_runs_your_image(tmp_path: Path) -> None:
+    kustomization = _install_block("yaml", "# kustomization.yaml of your overlay")
+    kustomization = kustomization.replace(
+        "../homelab-autoscaler/deploy/overlays/homelab",
+        os.path.relpath(_deploy_dir() / "overlays" / "homelab", tmp_path),
+    )
+    kustomization = kustomization.replace("REGISTRY", "registry.lan:5000").replace("TAG", "v9")
+    docs = _render_overlay(tmp_path, kustomization)
+    images = {c["name"]: c["image"] for _, c in containers(docs) if c["name"] in ("homelab-autoscaler", "temporal")}
+    assert set(images) == {"homelab-autoscaler", "temporal"}
+    assert set(images.values()) == {"registry.lan:5000/homelab-autoscaler:v9"}
+
+
+@needs_kubectl
+def test_the_temporal_volume_takes_the_default_storage_class_or_the_documented_one(tmp_path: Path) -> None:
+    (temporal,) = [d for d in render("overlays/homelab") if d["kind"] == "StatefulSet"]
+    (claim,) = temporal["spec"]["volumeClaimTemplates"]
+    assert "storageClassName" not in claim["spec"], "the default StorageClass, as docs/install.md says"
+    assert "default StorageClass" in INSTALL.read_text()
+    patch = _install_block("yaml", "storageClassName")
+    docs = _render_overlay(
+        tmp_path,
+        f"resources:\n  - {os.path.relpath(_deploy_dir() / 'overlays' / 'homelab', tmp_path)}\n" + patch,
+    )
+    (temporal,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert temporal["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "local-path"
+
+
 # --- power-method examples ----------------------------------------------------------------------------------
 POWER = sorted((DEPLOY / "examples" / "power").glob("*.yaml"))
 
@@ -440,6 +508,136 @@ def test_power_examples_validate(path: Path) -> None:
 
     for doc in slots:
         Node.model_validate(doc)
+
+
+def _pod_specs(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(slot/field, pod spec) of every slot in an example file."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == names.KIND_NODE]
+    return [
+        (f"{d['metadata']['name']}/{field}", d["spec"][field])
+        for d in docs
+        for field in ("startupPodSpec", "shutdownPodSpec")
+    ]
+
+
+EXAMPLE_POD_SPECS = [
+    (f"{path.relative_to(DEPLOY / 'examples')}:{where}", pod)
+    for path in [*POWER, DEPLOY / "examples" / "nodes.yaml"]
+    for where, pod in _pod_specs(path)
+]
+
+
+def _is_wake_on_lan(pod: dict[str, Any]) -> bool:
+    text = " ".join([*(pod.get("command") or []), *(pod.get("args") or [])])
+    return "SO_BROADCAST" in text or "wakeonlan" in text
+
+
+@pytest.mark.parametrize(("where", "pod"), EXAMPLE_POD_SPECS, ids=[w for w, _ in EXAMPLE_POD_SPECS])
+def test_example_scripts_fail_loudly(where: str, pod: dict[str, Any]) -> None:
+    """A shell script stops at its first failing command; a wake-on-LAN Job broadcasts from its node's network."""
+    line = [*(pod.get("command") or []), *(pod.get("args") or [])]
+    if line[:2] in (["/bin/sh", "-c"], ["sh", "-c"], ["/bin/bash", "-c"], ["bash", "-c"]):
+        script = line[2]
+        assert script.lstrip().startswith("set -eu"), f"{where}: a shell script starts with `set -eu`"
+        assert "|| true" not in script, f"{where}: a failure is checked, never ignored"
+    if _is_wake_on_lan(pod):
+        assert pod.get("hostNetwork") is True, f"{where}: Linux drops a directed broadcast routed from the pod network"
+
+
+def _script(path: str, field: str) -> tuple[list[str], dict[str, Any]]:
+    """The command line of an example's pod spec, as its container would run it, and the pod spec."""
+    ((_, pod),) = [(w, p) for w, p in _pod_specs(DEPLOY / "examples" / "power" / path) if w.endswith(field)]
+    return [*pod["command"], *pod["args"]], pod
+
+
+def _run_wake_on_lan(*args: str) -> subprocess.CompletedProcess[str]:
+    command, _ = _script("wake-on-lan.yaml", "startupPodSpec")
+    assert command[:2] == ["python", "-c"]
+    return subprocess.run(
+        [sys.executable, "-c", command[2], *args], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_wake_on_lan_script_sends_the_magic_packet() -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(("127.0.0.1", 0))
+        receiver.settimeout(10)
+        port = receiver.getsockname()[1]
+        done = _run_wake_on_lan("aa:bb:cc:dd:ee:01", "127.0.0.1", str(port))
+        assert done.returncode == 0, done.stderr
+        packet = receiver.recv(1024)
+    assert packet == b"\xff" * 6 + bytes.fromhex("aabbccddee01") * 16
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("aa:bb:cc:dd:ee", "127.0.0.1", "9"), "is not a MAC address"),
+        (("zz:bb:cc:dd:ee:01", "127.0.0.1", "9"), "is not a MAC address"),
+        (("aa:bb:cc:dd:ee:01", "256.1.1.1", "9"), "cannot send to 256.1.1.1:9"),
+        (("aa:bb:cc:dd:ee:01", "no-such-host.invalid", "9"), "cannot send to no-such-host.invalid:9"),
+    ],
+)
+def test_the_wake_on_lan_script_fails_when_it_cannot_send(args: tuple[str, ...], says: str) -> None:
+    done = _run_wake_on_lan(*args)
+    assert done.returncode != 0
+    assert says in done.stderr, done.stderr
+
+
+def _stub_tools(bin_dir: Path, calls: Path) -> None:
+    """apk, install, ssh, ping, sleep and curl as stubs: each logs its arguments; ssh and ping answer as told."""
+    behaviour = {
+        "ssh": 'case "$*" in *" true") exit "$SSH_LOGIN";; *poweroff*) exit "$SSH_POWEROFF";; esac',
+        "ping": 'exit "$PING"',
+    }
+    bin_dir.mkdir()
+    for tool in ("apk", "install", "ssh", "ping", "sleep", "curl"):
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n{behaviour.get(tool, "exit 0")}\n')
+        stub.chmod(0o755)
+
+
+SSH_SHUTDOWNS = ["ssh-shutdown.yaml", "wake-on-lan.yaml", "smart-plug.yaml"]
+
+
+@pytest.mark.parametrize("path", SSH_SHUTDOWNS)
+@pytest.mark.parametrize(
+    ("login", "poweroff", "ping", "succeeds"),
+    [
+        (0, 255, 1, True),  # logged in; the machine dropped the connection going down
+        (0, 0, 1, True),
+        (0, 1, 1, False),  # sudo refused
+        (255, 0, 0, False),  # answers ping, login refused (key, known_hosts)
+        (255, 0, 1, True),  # no answer at all: already off
+    ],
+)
+def test_the_ssh_shutdown_scripts_fail_when_the_machine_was_not_shut_down(
+    tmp_path: Path, path: str, login: int, poweroff: int, ping: int, succeeds: bool
+) -> None:
+    calls = tmp_path / "calls"
+    _stub_tools(tmp_path / "bin", calls)
+    command, _ = _script(path, "shutdownPodSpec")
+    assert command[:2] == ["/bin/sh", "-c"]
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SSH_LOGIN": str(login), "SSH_POWEROFF": str(poweroff)}
+    env["PING"] = str(ping)
+    done = subprocess.run(["/bin/sh", "-c", command[2]], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode == 0) is succeeds, (done.returncode, done.stdout, done.stderr)
+    if not succeeds and login != 0:
+        assert "SSH login failed" in done.stderr
+    plug_off = "curl" in calls.read_text() and "on=false" in calls.read_text()
+    assert plug_off is (succeeds and path == "smart-plug.yaml"), calls.read_text()
+
+
+def test_the_smart_plug_stays_on_under_an_os_that_still_answers(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    _stub_tools(tmp_path / "bin", calls)
+    command, _ = _script("smart-plug.yaml", "shutdownPodSpec")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SSH_LOGIN": "0", "SSH_POWEROFF": "255", "PING": "0"}
+    done = subprocess.run(["/bin/sh", "-c", command[2]], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "the plug stays on" in done.stderr, done.stderr
+    assert "on=false" not in calls.read_text()
 
 
 def test_the_kind_homelab_and_workload_validate() -> None:

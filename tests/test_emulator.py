@@ -583,3 +583,85 @@ def test_kubectl_create_and_get(srv: EmulatorServer, tmp_path: Any) -> None:
     assert run("get", "nodes.infra.homecluster.dev", "-A") == ""  # "No resources found" goes to stderr
     assert run("get", "jobs", "-A") == ""
     assert run("get", "nodeclaims", "-n", NS, "c1", "-o", "jsonpath={.spec.node}") == "n1"
+
+
+# --- kubectl tables of what the operator makes, through the real client --------------------------------------
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+
+
+def _shown(api: client.ApiClient, path: str) -> tuple[list[str], list[list[Any]]]:
+    """The columns `kubectl get` shows (priority 0) and their cells, as the client receives the Table."""
+    method, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": TABLE})
+    answer = api.call_api(method, url, header_params=headers)
+    doc = json.loads(answer.read())
+    assert doc["kind"] == "Table"
+    shown = [i for i, c in enumerate(doc["columnDefinitions"]) if c["priority"] == 0]
+    return [doc["columnDefinitions"][i]["name"] for i in shown], [[r["cells"][i] for i in shown] for r in doc["rows"]]
+
+
+def test_kubectl_tables_of_the_operators_jobs_and_events(
+    srv: EmulatorServer, api: client.ApiClient, tmp_path: Any
+) -> None:
+    """`kubectl get jobs/events` against the emulator prints kube-apiserver's columns, not only NAME and AGE."""
+    from activities.jobs import build_job
+    from api.v2alpha1 import Node
+
+    slot = Node.model_validate(
+        {
+            "apiVersion": GV,
+            "kind": "Node",
+            "metadata": {"name": "w1", "namespace": NS, "uid": "slot-uid"},
+            "spec": {
+                "group": "g",
+                "kubernetesNodeName": "w1",
+                "startupPodSpec": {"image": "wol:1"},
+                "shutdownPodSpec": {"image": "ssh:1"},
+            },
+        }
+    )
+    batch: Any = client.BatchV1Api(api)
+    batch.create_namespaced_job(NS, build_job(slot, "startup", "c1-startup-1", "", ""))
+    started = FIXED_NOW - datetime.timedelta(seconds=95)
+    status = {
+        "startTime": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "completionTime": (started + datetime.timedelta(seconds=35)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "succeeded": 1,
+        "conditions": [{"type": "Complete", "status": "True"}],
+    }
+    batch.patch_namespaced_job_status("c1-startup-1", NS, {"status": status})
+    assert _shown(api, f"/apis/batch/v1/namespaces/{NS}/jobs") == (
+        ["Name", "Status", "Completions", "Duration", "Age"],
+        [["c1-startup-1", "Complete", "1/1", "35s", "0s"]],
+    )
+    core: Any = client.CoreV1Api(api)
+    core.create_namespaced_event(
+        NS,
+        client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="c1.1"),
+            involved_object=client.V1ObjectReference(kind="NodeClaim", name="c1", namespace=NS),
+            type="Normal",
+            reason="ScaleDownStarted",
+            message="cordoning the node of slot w1, then a shutdown Job",
+            first_timestamp=FIXED_NOW - datetime.timedelta(minutes=3),
+            last_timestamp=FIXED_NOW - datetime.timedelta(minutes=3),
+        ),
+    )
+    assert _shown(api, f"/api/v1/namespaces/{NS}/events") == (
+        ["Last Seen", "Type", "Reason", "Object", "Message"],
+        [["3m", "Normal", "ScaleDownStarted", "nodeclaim/c1", "cordoning the node of slot w1, then a shutdown Job"]],
+    )
+    if shutil.which("kubectl") is None:
+        return  # the Table answers above are what kubectl prints
+    env = {**os.environ, "KUBECONFIG": os.devnull, "HOME": str(tmp_path)}
+    for kind, header in (("jobs", ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]),
+                         ("events", ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"])):  # fmt: skip
+        done = subprocess.run(
+            ["kubectl", "--server", srv.url, "get", kind, "-n", NS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[0].split() == header, done.stdout

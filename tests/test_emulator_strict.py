@@ -281,9 +281,9 @@ def test_null_in_an_optional_enum_of_our_crds_is_pruned(co: Any) -> None:
 def test_required(co: Any) -> None:
     """OpenAPI ``required`` → ``field.Required``."""
     body = claim()
-    del body["spec"]["requestedAt"]
+    del body["spec"]["node"]
     status, answer = refused(co.create_namespaced_custom_object, G, V, NS, "nodeclaims", body)
-    assert (status, causes(answer)) == (422, [("FieldValueRequired", "spec.requestedAt")])
+    assert (status, causes(answer)) == (422, [("FieldValueRequired", "spec.node")])
 
 
 def test_type(co: Any) -> None:

@@ -29,37 +29,65 @@ def test_first_transition() -> None:
     assert s0.phase is None and s0.recent_transitions == []
 
 
-def test_a_boot_is_one_activation() -> None:
+def test_a_boot_is_one_activation_when_the_machine_comes_up() -> None:
     s = record(NodeStatus(), "off", T0)
     s = record(s, "pending", T0 + timedelta(seconds=1))
     assert s.activations_total == 0
     s = record(s, "booting", T0 + timedelta(seconds=2))
     assert (s.previous_phase, s.phase) == (Report.PENDING, Report.BOOTING)
-    assert s.activations_total == 1 and s.recent_activations == [T0 + timedelta(seconds=2)]
-    # a readiness wobble under the same boot is not a second one
+    assert s.activations_total == 0 and s.recent_activations == [], "not yet: the machine has not come up"
     s = record(s, "ready", T0 + timedelta(seconds=3))
+    assert s.activations_total == 1 and s.recent_activations == [T0 + timedelta(seconds=3)]
+    # a readiness wobble under the same boot is not a second one
     s = record(s, "booting", T0 + timedelta(seconds=4))
     s = record(s, "ready", T0 + timedelta(seconds=5))
     assert s.activations_total == 1 and s.activations_last_24h == 1
     assert len(s.recent_transitions) == 6
 
 
+def test_a_slot_that_never_booted_counts_no_activation() -> None:
+    """A boot that failed (startup Job failed, never registered, deadline) or was cancelled ran no machine."""
+    s = record(NodeStatus(), "off", T0)
+    for minute, phase in enumerate(("pending", "booting", "off", "pending", "booting", "draining", "off"), 1):
+        s = record(s, phase, T0 + timedelta(minutes=minute))
+    assert (s.activations_total, s.activations_last_24h, s.recent_activations) == (0, 0, [])
+    s = record(s, "pending", T0 + timedelta(minutes=10))
+    s = record(s, "booting", T0 + timedelta(minutes=11))
+    s = record(s, "ready", T0 + timedelta(minutes=12))
+    assert (s.activations_total, s.recent_activations) == (1, [T0 + timedelta(minutes=12)])
+
+
+def test_a_long_boot_counts_when_it_comes_up_after_its_rows_expired() -> None:
+    """The phase before booting is previousPhase, which never expires: a day-long boot still counts once."""
+    s = record(record(NodeStatus(), "pending", T0), "booting", T0 + timedelta(minutes=1))
+    s = record(s, "ready", T0 + TIMINGS.history_window + timedelta(hours=1))
+    assert s.activations_total == 1 and s.activations_last_24h == 1
+
+
 @pytest.mark.parametrize(
-    ("old", "new", "counts"),
+    ("before", "old", "new", "counts"),
     [
-        (Report.OFF, Report.BOOTING, True),
-        (Report.PENDING, Report.BOOTING, True),
-        (Report.OFF, Report.READY, True),
-        (Report.PENDING, Report.READY, True),
-        (Report.READY, Report.BOOTING, False),
-        (Report.DRAINING, Report.BOOTING, False),
-        (Report.OFF, Report.DRAINING, False),
-        (Report.OFF, Report.PENDING, False),
-        (None, Report.BOOTING, False),
+        (None, Report.OFF, Report.READY, True),
+        (None, Report.PENDING, Report.READY, True),
+        (Report.PENDING, Report.BOOTING, Report.READY, True),
+        (Report.OFF, Report.BOOTING, Report.READY, True),
+        (None, Report.OFF, Report.BOOTING, False),
+        (None, Report.PENDING, Report.BOOTING, False),
+        (Report.PENDING, Report.BOOTING, Report.OFF, False),
+        (Report.PENDING, Report.BOOTING, Report.DRAINING, False),
+        (Report.BOOTING, Report.READY, Report.BOOTING, False),
+        (Report.READY, Report.BOOTING, Report.READY, False),
+        (Report.DRAINING, Report.BOOTING, Report.READY, False),
+        (Report.READY, Report.DRAINING, Report.BOOTING, False),
+        (None, Report.OFF, Report.DRAINING, False),
+        (None, Report.OFF, Report.PENDING, False),
+        (None, None, Report.BOOTING, False),
+        (None, None, Report.READY, False),
+        (None, Report.BOOTING, Report.READY, False),
     ],
 )
-def test_what_counts_as_an_activation(old: Report | None, new: Report, counts: bool) -> None:
-    assert history.is_activation(old, new) is counts
+def test_what_counts_as_an_activation(before: Report | None, old: Report | None, new: Report, counts: bool) -> None:
+    assert history.is_activation(old, new, before) is counts
 
 
 def test_same_phase_changes_nothing() -> None:
@@ -76,7 +104,7 @@ def test_same_phase_prunes_the_window_only() -> None:
     assert again.recent_transitions == [] and again.recent_activations == []
     assert again.activations_last_24h == 0
     # nothing else moved
-    assert again.activations_total == 1
+    assert again.activations_total == 0, "booting is not yet an activation"
     assert again.last_transition_time == s.last_transition_time
     assert again.previous_phase == s.previous_phase == Report.PENDING
     assert again.phase is Report.BOOTING
@@ -98,7 +126,7 @@ def test_forty_boots_in_one_day() -> None:
     # the ring keeps the newest rows, in the order they landed
     assert s.recent_transitions[-1] == Transition(from_phase=Report.DRAINING, to_phase=Report.OFF, at=now)
     assert [r.at for r in s.recent_transitions] == sorted(r.at for r in s.recent_transitions)
-    assert sum(history.is_activation(r.from_phase, r.to_phase) for r in s.recent_transitions) < 40
+    assert sum(history.is_activation(r.from_phase, r.to_phase, Report.PENDING) for r in s.recent_transitions) < 40
 
 
 def test_old_rows_leave_the_ring_and_the_ledger() -> None:
@@ -113,9 +141,11 @@ def test_old_rows_leave_the_ring_and_the_ledger() -> None:
     past = at_edge + timedelta(seconds=1)
     s2 = record(s_edge, "off", past)
     assert [r.to_phase for r in s2.recent_transitions] == [Report.READY, Report.DRAINING, Report.OFF]
-    assert s2.recent_activations == []
-    assert s2.activations_last_24h == 0
-    assert s2.activations_total == 1
+    # the boot is stamped when the machine came up (T0 + 1 h), so it stays an hour longer
+    assert s2.recent_activations == [T0 + timedelta(hours=1)]
+    assert s2.activations_last_24h == 1
+    later = expire(s2, T0 + timedelta(hours=1) + TIMINGS.history_window + timedelta(seconds=1))
+    assert (later.recent_activations, later.activations_last_24h, later.activations_total) == ([], 0, 1)
 
 
 def test_ledger_caps_at_512() -> None:
@@ -123,7 +153,7 @@ def test_ledger_caps_at_512() -> None:
     now = T0
     boots = TIMINGS.activation_ledger_rows + 20
     for _ in range(boots):
-        for phase in (Report.BOOTING, Report.OFF):
+        for phase in (Report.READY, Report.OFF):
             now += timedelta(seconds=30)
             s = record(s, phase, now)
     assert now - T0 < TIMINGS.history_window
@@ -136,7 +166,7 @@ def test_ledger_caps_at_512() -> None:
 
 def test_expire_and_next_expiry() -> None:
     assert next_expiry(NodeStatus()) is None
-    s = record(record(NodeStatus(), "pending", T0), "booting", T0 + timedelta(hours=2))
+    s = record(record(NodeStatus(), "pending", T0), "ready", T0 + timedelta(hours=2))
     first = next_expiry(s)
     assert first == T0 + TIMINGS.history_window + history.RESOLUTION
     assert first is not None
@@ -144,7 +174,7 @@ def test_expire_and_next_expiry() -> None:
     assert expire(s, first - history.RESOLUTION) == s
     # at the expiry the oldest row leaves, the boot stays
     s2 = expire(s, first)
-    assert [r.to_phase for r in s2.recent_transitions] == [Report.BOOTING]
+    assert [r.to_phase for r in s2.recent_transitions] == [Report.READY]
     assert s2.activations_last_24h == 1
     assert (s2.phase, s2.previous_phase, s2.last_transition_time, s2.activations_total) == (
         s.phase,
@@ -169,8 +199,8 @@ def test_naive_now_is_utc() -> None:
 
 
 def test_round_trips_through_the_wire() -> None:
-    s = record(record(NodeStatus(), "pending", T0), "booting", T0 + timedelta(minutes=1))
+    s = record(record(NodeStatus(), "pending", T0), "ready", T0 + timedelta(minutes=1))
     wire = s.model_dump(mode="json", by_alias=True)
     assert wire["activationsLast24H"] == 1
-    assert wire["recentTransitions"][-1] == {"from": "pending", "to": "booting", "at": "2025-03-01T00:01:00Z"}
+    assert wire["recentTransitions"][-1] == {"from": "pending", "to": "ready", "at": "2025-03-01T00:01:00Z"}
     assert NodeStatus.model_validate(wire) == s

@@ -256,6 +256,10 @@ async def test_scale_down_of_a_ready_claim() -> None:
         node = lab.node("s1")
         assert node is not None and node["spec"].get("unschedulable") is True
         assert sorted(j["metadata"]["labels"]["type"] for j in lab.jobs("s1")) == ["shutdown", "startup"]
+        # `kubectl describe nodeclaim` shows where the scale-down began: one Event before the cordon and the Job
+        reasons = [e["reason"] for e in lab.events(name)]
+        assert reasons.count("ScaleDownStarted") == 1, reasons
+        assert reasons.index("ClaimReady") < reasons.index("ScaleDownStarted") < reasons.index("ClaimCompleted")
         await lab.record("scale_down_ready")
 
 

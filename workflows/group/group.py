@@ -32,7 +32,7 @@ from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
 from workflows.release import ReleaseWorkflow
-from workflows.verbs import Verbs
+from workflows.verbs import Verbs, signal_if_running
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
 # How long a deleted group waits for its claims to release their machines before it ends.
@@ -273,14 +273,7 @@ class Group(Verbs):
         handle.add_done_callback(_outcome_heard)
 
     async def _signal(self, out: Outgoing) -> None:
-        try:
-            handle = workflow.get_external_workflow_handle(out.workflow_id)
-            if out.arg is None:
-                await handle.signal(out.signal)
-            else:
-                await handle.signal(out.signal, out.arg)
-        except Exception as err:
-            workflow.logger.info("signal %s to %s not delivered: %s", out.signal, out.workflow_id, err)
+        await signal_if_running(out.workflow_id, out.signal, out.arg)
 
     # --- what the slots show -----------------------------------------------------------------------------
     def on_observation(self, obs: c.SlotObservation) -> None:
