@@ -227,8 +227,17 @@ class Lab:
     def claim(self, name: str) -> WorkflowHandle[Any, Any]:
         return self.client.get_workflow_handle(c.claim_workflow_id(NS, name))
 
-    async def status(self, name: str) -> dict[str, Any]:
-        return await self.claim(name).query("status")  # type: ignore[no-any-return]
+    async def status(self, name: str, *, within: float = 30.0) -> dict[str, Any]:
+        """The claim workflow's status. A claim the group booked starts on the group's next task: a query that
+        finds no workflow yet is asked again (real seconds, bounded), then raises what it got."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                return await self.claim(name).query("status")  # type: ignore[no-any-return]
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
 
     async def phase(self, name: str) -> str:
         return str((await self.status(name))["phase"])
@@ -236,7 +245,7 @@ class Lab:
     async def wait_phase(self, name: str, phase: str, *, within: float, step: float = 5.0) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
             try:
-                st = await self.status(name)
+                st = await self.status(name, within=0)
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise
