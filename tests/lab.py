@@ -171,7 +171,7 @@ class Lab:
         return self.client.get_workflow_handle(c.claim_workflow_id(NS, name))
 
     async def status(self, name: str) -> dict[str, Any]:
-        return await self.claim(name).query("status")  # type: ignore[no-any-return]
+        return await self.claim(name).query(c.ClaimQuery.STATUS)  # type: ignore[no-any-return]
 
     async def phase(self, name: str) -> str:
         return str((await self.status(name))["phase"])

@@ -31,6 +31,7 @@ from workflows import metrics
 from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
+from workflows.handles import signal_peer
 from workflows.release import ReleaseWorkflow
 from workflows.verbs import Verbs
 
@@ -161,7 +162,7 @@ class Group(Verbs):
             if name not in seen and book.exists:
                 book.exists = False
                 for claim in {book.live_claim, book.draining_claim} - {""}:
-                    s.send(c.claim_workflow_id(s.namespace, claim), "slot_deleted")
+                    s.send(c.claim_workflow_id(s.namespace, claim), c.ClaimSignal.SLOT_DELETED)
         for cv in view.claims:
             if cv.name not in s.claims and cv.slot in s.slots:
                 self.take_over(cv)
@@ -274,11 +275,7 @@ class Group(Verbs):
 
     async def _signal(self, out: Outgoing) -> None:
         try:
-            handle = workflow.get_external_workflow_handle(out.workflow_id)
-            if out.arg is None:
-                await handle.signal(out.signal)
-            else:
-                await handle.signal(out.signal, out.arg)
+            await signal_peer(out.workflow_id, out.signal, out.arg)
         except Exception as err:
             workflow.logger.info("signal %s to %s not delivered: %s", out.signal, out.workflow_id, err)
 
@@ -294,10 +291,10 @@ class Group(Verbs):
         owner = book.live_claim or book.draining_claim
         if owner:
             if not any(seed.name == owner for seed in s.to_start):  # a booked claim starts with what the book saw
-                s.send(c.claim_workflow_id(s.namespace, owner), "observe", book.observation)
+                s.send(c.claim_workflow_id(s.namespace, owner), c.ClaimSignal.OBSERVE, book.observation)
         elif book.releasing:
             if book.release is None:  # started: it hears the machine
-                s.send(c.release_workflow_id(s.namespace, book.name), "observe", book.observation)
+                s.send(c.release_workflow_id(s.namespace, book.name), c.ReleaseSignal.OBSERVE, book.observation)
         elif book.exists and book.observation.power == "on":
             if book.ever_claimed:
                 s.book_release(book)
