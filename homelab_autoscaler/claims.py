@@ -55,7 +55,7 @@ class ClaimRow:
 
 def visibility_query(*, group: str | None = None, slot: str | None = None, phase: str | None = None) -> str:
     """The List Filter that selects claims; values are quoted so a name cannot change the query."""
-    parts = ["WorkflowType = 'NodeClaimWorkflow'"]
+    parts = [f"WorkflowType = '{c.WorkflowName.CLAIM}'"]
     for key, value in ((c.SA_GROUP, group), (c.SA_SLOT, slot), (c.SA_PHASE, phase)):
         if value:
             if "'" in value or "\\" in value:
