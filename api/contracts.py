@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from api.names import JOB_NAME_MAX, bounded
@@ -375,3 +376,72 @@ class Act:
     SLOT_EVENT = "slot_event"
     LOAD_GROUP = "load_group"
     RECORD_SCALE = "record_scale"
+
+
+# --- the Temporal boundary: handler names ------------------------------------------------------------------
+# Every workflow type, signal, update and query by its wire name, one table per workflow, so callers never spell
+# one. A running workflow is reached by these names, and histories record them: a value here is never changed
+# (docs/upgrades.md). tests/test_boundary.py checks the tables against the handlers and finds bare names.
+class WorkflowName(StrEnum):
+    GROUP = "GroupWorkflow"
+    CLAIM = "NodeClaimWorkflow"
+    RELEASE = "ReleaseWorkflow"
+
+
+class GroupSignal(StrEnum):
+    CLAIM_CHANGED = "claim_changed"
+    OBSERVE_SLOT = "observe_slot"
+    REFRESH = "refresh"
+    RELEASE_FINISHED = "release_finished"
+
+
+class GroupUpdate(StrEnum):
+    INCREASE_SIZE = "increase_size"
+    DECREASE_TARGET_SIZE = "decrease_target_size"
+    DELETE_NODES = "delete_nodes"
+    WAIT_LOADED = "wait_loaded"  # the provider's first call: returns once the group has read its resources
+
+
+class GroupQuery(StrEnum):
+    TARGET_SIZE = "target_size"
+    INSTANCES = "instances"
+    SNAPSHOT = "snapshot"
+
+
+class ClaimSignal(StrEnum):
+    OBSERVE = "observe"
+    JOB_FINISHED = "job_finished"
+    MARK_FOR_DELETION = "mark_for_deletion"
+    SUPERSEDED = "superseded"
+    SLOT_DELETED = "slot_deleted"
+
+
+class ClaimUpdate(StrEnum):
+    RESET_SHUTDOWN_STREAK = "reset_shutdown_streak"
+
+
+class ClaimQuery(StrEnum):
+    STATUS = "status"
+    DIGEST = "digest"
+
+
+class ReleaseSignal(StrEnum):
+    OBSERVE = "observe"
+    JOB_FINISHED = "job_finished"
+    ABORT = "abort"
+
+
+class ReleaseUpdate(StrEnum):
+    RESET_SHUTDOWN_STREAK = "reset_shutdown_streak"
+
+
+# Any signal one workflow or a watcher may send (its receiver's table says which it takes).
+AnySignal = GroupSignal | ClaimSignal | ReleaseSignal
+
+# Every handler table, by the workflow that declares the handlers and by kind (the names temporalio's workflow
+# definition uses), so tests/test_boundary.py can hold each table against the class's handlers.
+HANDLER_TABLES: dict[WorkflowName, dict[str, type[StrEnum]]] = {
+    WorkflowName.GROUP: {"signals": GroupSignal, "updates": GroupUpdate, "queries": GroupQuery},
+    WorkflowName.CLAIM: {"signals": ClaimSignal, "updates": ClaimUpdate, "queries": ClaimQuery},
+    WorkflowName.RELEASE: {"signals": ReleaseSignal, "updates": ReleaseUpdate},
+}

@@ -55,7 +55,7 @@ class ClaimRow:
 
 def visibility_query(*, group: str | None = None, slot: str | None = None, phase: str | None = None) -> str:
     """The List Filter that selects claims; values are quoted so a name cannot change the query."""
-    parts = ["WorkflowType = 'NodeClaimWorkflow'"]
+    parts = [f"WorkflowType = '{c.WorkflowName.CLAIM}'"]
     for key, value in ((c.SA_GROUP, group), (c.SA_SLOT, slot), (c.SA_PHASE, phase)):
         if value:
             if "'" in value or "\\" in value:
@@ -108,7 +108,7 @@ def format_rows(rows: list[ClaimRow], now: datetime | None = None) -> str:
 
 # --- the timeline of one claim ------------------------------------------------------------------------------
 # Activities that only read, polled at every timer: what they found shows as the next move, never by itself.
-READS = {"observe_slot", "read_job"}
+READS = {c.Act.OBSERVE_SLOT, c.Act.READ_JOB}
 
 
 def _payload(p: Payload) -> Any:
@@ -209,8 +209,8 @@ def entries(history: WorkflowHistory, *, first_run: bool = True) -> list[Entry]:
             add(e, f"timer fired: {timers.get(e.timer_fired_event_attributes.started_event_id, '?')}")
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             name = e.workflow_execution_signaled_event_attributes.signal_name
-            if name == "observe":
-                add(e, "observation", "observe")
+            if name == c.ClaimSignal.OBSERVE:
+                add(e, "observation", c.ClaimSignal.OBSERVE)
             else:
                 add(e, f"signal: {name}")
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
@@ -243,7 +243,7 @@ def timeline(histories: WorkflowHistory | Sequence[WorkflowHistory]) -> list[str
     for entry in merged:
         if entry.text.startswith(("phase ", "closed: ")):
             observed = None
-        if entry.key == "observe" and observed is not None:
+        if entry.key == c.ClaimSignal.OBSERVE and observed is not None:
             first, count, _ = groups[observed]
             groups[observed] = (first, count + 1, entry.at)
         elif groups and groups[-1][0].key == entry.key:
@@ -251,7 +251,7 @@ def timeline(histories: WorkflowHistory | Sequence[WorkflowHistory]) -> list[str
             groups[-1] = (first, count + 1, entry.at)
         else:
             groups.append((entry, 1, entry.at))
-        if entry.key == "observe" and observed is None:
+        if entry.key == c.ClaimSignal.OBSERVE and observed is None:
             observed = len(groups) - 1
     lines: list[str] = []
     day = ""
@@ -259,7 +259,7 @@ def timeline(histories: WorkflowHistory | Sequence[WorkflowHistory]) -> list[str
         if f"{first.at:%Y-%m-%d}" != day:
             day = f"{first.at:%Y-%m-%d}"
             lines.append(f"{day} (UTC)")
-        if first.key == "observe":
+        if first.key == c.ClaimSignal.OBSERVE:
             text = f"{count} observation{'s' if count > 1 else ''}"
         else:
             text = first.text if count == 1 else f"{first.text} ×{count}"
@@ -362,7 +362,7 @@ async def reset_command(temporal: TemporalSettings, *, name: str, namespace: str
     client = await connect(temporal)
     handle = client.get_workflow_handle(c.claim_workflow_id(namespace, name))
     try:
-        before = await handle.execute_update("reset_shutdown_streak", result_type=int)
+        before = await handle.execute_update(c.ClaimUpdate.RESET_SHUTDOWN_STREAK, result_type=int)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise UserError(f"no open claim {name} in namespace {namespace}: `claims list` lists the claims") from None

@@ -101,11 +101,11 @@ async def demo_task(client: Client, provider_address: str, ui_url: str, settings
         say(f"stopped: {err}")
         return
     say("the claims, each with its whole history in the Web UI:")
-    async for wf in client.list_workflows(f"WorkflowType = 'NodeClaimWorkflow' AND {c.SA_GROUP} = 'workers'"):
+    async for wf in client.list_workflows(f"WorkflowType = '{c.WorkflowName.CLAIM}' AND {c.SA_GROUP} = 'workers'"):
         say(f"  {wf.id}: {ui_link(ui_url, settings_namespace, wf.id)}  {_phase(wf.typed_search_attributes)}")
     say(
         f"all claims: {ui_url}/namespaces/{settings_namespace}/workflows?query="
-        + urllib.parse.quote("WorkflowType='NodeClaimWorkflow'")
+        + urllib.parse.quote(f"WorkflowType='{c.WorkflowName.CLAIM}'")
     )
     say("serving until Ctrl-C")
 

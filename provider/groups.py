@@ -1,5 +1,7 @@
 """The provider's side of the group workflows: make sure one runs, read it with Queries, write it with Updates.
 
+Handlers are named by the tables in `api.contracts` (`GroupQuery`, `GroupUpdate`), never by bare strings.
+
 The group workflow is the single authority on a group's size, so every size the provider reports comes from a
 Query and every change goes through an Update whose validator refuses bad input before anything is recorded.
 Writes to one group are serialized here (an asyncio.Lock per group): a burst from cluster-autoscaler queues in
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -32,9 +35,10 @@ from provider.errors import WORKFLOW_CODES, ProviderError, unavailable
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-GROUP_WORKFLOW = "GroupWorkflow"
-# How often a freshly started group workflow is asked whether it has read its group yet.
-LOAD_POLL_SECONDS = 0.05
+# The share of the budget the group workflow may spend waiting for its first load; the rest carries its answer
+# back before the RPC deadline, so "not loaded in time" arrives as the workflow's answer, not as a timeout.
+LOAD_WAIT_SHARE = 0.8
+MIN_STEP_SECONDS = 0.05  # the shortest RPC a step is given once the budget is spent (as the service's own floor)
 
 _RPC_CODES: dict[RPCStatusCode, grpc.StatusCode] = {
     RPCStatusCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -61,15 +65,16 @@ class GroupGateway:
     async def ensure(self, ref: c.GroupRef, timeout: float) -> WorkflowHandle[Any, Any]:
         """Start the group workflow unless one runs (idempotent: the watchers signal-with-start the same id).
 
-        The first time this process meets a group it also waits until the workflow has read its group, so a
-        target size is never reported before the claims that make it up are known.
+        The first time this process meets a group it also waits (one Update, within `timeout` in all) until the
+        workflow has read its group, so a target size is never reported before the claims that make it up are known.
         """
+        started = time.monotonic()
         wid = c.group_workflow_id(ref.namespace, ref.group)
         await self._temporal(
             ref,
             "start the group workflow",
             lambda: self.client.start_workflow(
-                GROUP_WORKFLOW,
+                c.WorkflowName.GROUP,
                 args=[ref, None],
                 id=wid,
                 task_queue=self.task_queue,
@@ -80,35 +85,62 @@ class GroupGateway:
         )
         handle = self.client.get_workflow_handle(wid)  # follow whichever run is current from now on
         if wid not in self._ready:
-            while True:
-                snap = await self._query(ref, handle, "snapshot", dict, timeout)
-                if snap.get("loaded"):
-                    break
-                await asyncio.sleep(LOAD_POLL_SECONDS)
+            await self._wait_loaded(ref, handle, _left(started, timeout))
             self._ready.add(wid)
         return handle
+
+    async def _wait_loaded(self, ref: c.GroupRef, handle: WorkflowHandle[Any, Any], timeout: float) -> None:
+        """Wait in the workflow (an Update that returns once the group has loaded), bounded by the budget left."""
+        within = timeout * LOAD_WAIT_SHARE
+        name = c.GroupUpdate.WAIT_LOADED
+        try:
+            loaded: bool = await handle.execute_update(
+                name, within, result_type=bool, rpc_timeout=timedelta(seconds=timeout)
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _refusal(ref, name, err) from err
+        except RPCTimeoutOrCancelledError as err:
+            raise ProviderError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"group {ref.group}: its workflow did not say within {timeout:.2f} s whether it has read the Group "
+                "and its slots (is a worker running?)",
+            ) from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                self.forget(ref)
+            raise _rpc_failure(ref, "wait for the group workflow to read the group", err) from err
+        if not loaded:
+            raise unavailable(
+                f"group {ref.group}: its workflow has not read the Group and its slots within {within:.2f} s "
+                "(Kubernetes slow or unreachable?); the next call waits again"
+            )
 
     def forget(self, ref: c.GroupRef) -> None:
         self._ready.discard(c.group_workflow_id(ref.namespace, ref.group))
 
     # --- reads --------------------------------------------------------------------------------------------
     async def target_size(self, ref: c.GroupRef, timeout: float) -> int:
+        started = time.monotonic()
         handle = await self.ensure(ref, timeout)
-        size: int = await self._query(ref, handle, "target_size", int, timeout)
+        size: int = await self._query(ref, handle, c.GroupQuery.TARGET_SIZE, int, _left(started, timeout))
         return size
 
     async def instances(self, ref: c.GroupRef, timeout: float) -> list[c.Instance]:
+        started = time.monotonic()
         handle = await self.ensure(ref, timeout)
-        found: list[c.Instance] = await self._query(ref, handle, "instances", list[c.Instance], timeout)
+        found: list[c.Instance] = await self._query(
+            ref, handle, c.GroupQuery.INSTANCES, list[c.Instance], _left(started, timeout)
+        )
         return found
 
     async def snapshot(self, ref: c.GroupRef, timeout: float) -> dict[str, Any]:
+        started = time.monotonic()
         handle = await self.ensure(ref, timeout)
-        snap: dict[str, Any] = await self._query(ref, handle, "snapshot", dict, timeout)
+        snap: dict[str, Any] = await self._query(ref, handle, c.GroupQuery.SNAPSHOT, dict, _left(started, timeout))
         return snap
 
     # --- writes -------------------------------------------------------------------------------------------
-    async def update(self, ref: c.GroupRef, name: str, arg: Any, timeout: float) -> int:
+    async def update(self, ref: c.GroupRef, name: c.GroupUpdate, arg: Any, timeout: float) -> int:
         """One Update, serialized with every other write to the group; returns the new target size.
 
         The caller's budget covers the wait for the lock, so a call queued behind a burst still answers in time
@@ -135,7 +167,7 @@ class GroupGateway:
 
     # --- plumbing -----------------------------------------------------------------------------------------
     async def _query(
-        self, ref: c.GroupRef, handle: WorkflowHandle[Any, Any], name: str, kind: Any, timeout: float
+        self, ref: c.GroupRef, handle: WorkflowHandle[Any, Any], name: c.GroupQuery, kind: Any, timeout: float
     ) -> Any:
         async def ask() -> Any:
             return await handle.query(name, result_type=kind, rpc_timeout=timedelta(seconds=timeout))
@@ -154,6 +186,11 @@ class GroupGateway:
             if err.status == RPCStatusCode.NOT_FOUND:
                 self.forget(ref)
             raise _rpc_failure(ref, what, err) from err
+
+
+def _left(started: float, timeout: float) -> float:
+    """What is left of a call's budget (never nothing: a spent budget still makes one short try)."""
+    return max(timeout - (time.monotonic() - started), MIN_STEP_SECONDS)
 
 
 def _refusal(ref: c.GroupRef, update: str, err: WorkflowUpdateFailedError) -> ProviderError:

@@ -360,7 +360,9 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
         group = await self.group(request.id)
         if request.delta <= 0:
             raise e.invalid(f"group {group.name}: IncreaseSize delta must be positive, got {request.delta}")
-        size = await self.groups.update(self.ref(group), "increase_size", request.delta, self.budget(context))
+        size = await self.groups.update(
+            self.ref(group), c.GroupUpdate.INCREASE_SIZE, request.delta, self.budget(context)
+        )
         log.info("group %s: increased by %d, target now %d", group.id, request.delta, size)
         return pb.NodeGroupIncreaseSizeResponse()
 
@@ -384,7 +386,9 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
                 slots.append(slot)
         # The group workflow marks live claims and forgets the errors of failed ones (so a failed instance that
         # cluster-autoscaler deleted is not listed again).
-        size = await self.groups.update(self.ref(group), "delete_nodes", [s.name for s in slots], self.budget(context))
+        size = await self.groups.update(
+            self.ref(group), c.GroupUpdate.DELETE_NODES, [s.name for s in slots], self.budget(context)
+        )
         log.info("group %s: deleting %s, target now %d", group.id, ", ".join(s.name for s in slots), size)
         return pb.NodeGroupDeleteNodesResponse()
 
@@ -404,7 +408,9 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
         group = await self.group(request.id)
         if request.delta >= 0:
             raise e.invalid(f"group {group.name}: DecreaseTargetSize delta must be negative, got {request.delta}")
-        size = await self.groups.update(self.ref(group), "decrease_target_size", request.delta, self.budget(context))
+        size = await self.groups.update(
+            self.ref(group), c.GroupUpdate.DECREASE_TARGET_SIZE, request.delta, self.budget(context)
+        )
         log.info("group %s: target decreased by %d, now %d", group.id, -request.delta, size)
         return pb.NodeGroupDecreaseTargetSizeResponse()
 

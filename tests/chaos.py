@@ -542,7 +542,7 @@ class Chaos:
                 continue
             handle = self.client.get_workflow_handle(c.claim_workflow_id(NS, cl["name"]))
             try:
-                st = await handle.query("status")
+                st = await handle.query(c.ClaimQuery.STATUS)
             except Exception as err:
                 found.append(f"{cl['name']}: no workflow answers ({err})")
                 continue

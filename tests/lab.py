@@ -233,7 +233,7 @@ class Lab:
         deadline = time.monotonic() + within
         while True:
             try:
-                return await self.claim(name).query("status")  # type: ignore[no-any-return]
+                return await self.claim(name).query(c.ClaimQuery.STATUS)  # type: ignore[no-any-return]
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
                     raise

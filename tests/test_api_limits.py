@@ -211,7 +211,9 @@ async def test_a_whole_lifecycle_with_the_longest_names_the_crds_accept() -> Non
                 (startup,) = lab.jobs(slot)
                 assert startup["metadata"]["name"] == f"{claim}-startup"
                 assert startup["metadata"]["labels"][names.LABEL_NODECLAIM] == claim
-                assert signals.count("job_finished", c.claim_workflow_id(NS, claim)) == 1, "traced by its owner"
+                assert signals.count(c.ClaimSignal.JOB_FINISHED, c.claim_workflow_id(NS, claim)) == 1, (
+                    "traced by its owner"
+                )
                 resource = lab.claim_resource(claim)
                 assert resource is not None and resource["metadata"]["labels"] == {
                     names.LABEL_NODE: names.label_value(slot),
@@ -252,7 +254,7 @@ async def test_a_whole_lifecycle_with_the_longest_names_the_crds_accept() -> Non
 
             (release_job,) = await lab.until(release_jobs, within=5 * MIN, what="a release Job")
             await watchers.pump()  # the Job has ended: its job_finished goes to the release of the full slot name
-            assert signals.count("job_finished", c.release_workflow_id(NS, SLOT_A)) == 1
+            assert signals.count(c.ReleaseSignal.JOB_FINISHED, c.release_workflow_id(NS, SLOT_A)) == 1
             await lab.until(lambda: lab.lab.power(SLOT_A) == "off", within=5 * MIN, what="released by law 3")
             assert job_name(release_job["metadata"]["name"]) == []
             assert [o["name"] for o in release_job["metadata"]["ownerReferences"]] == [SLOT_A]

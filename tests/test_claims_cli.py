@@ -19,6 +19,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
+from api import contracts as c
 from homelab_autoscaler.claims import ClaimRow, age, format_rows, pending_timers, timeline, visibility_query
 from homelab_autoscaler.devserver import DevServer
 from tests.procs import BIN, ROOT, free_port
@@ -114,7 +115,7 @@ def synthetic() -> WorkflowHistory:
     events.append(upsert)
     for i in range(9):
         signal = event(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, 10 + i, 3 + i)
-        signal.workflow_execution_signaled_event_attributes.signal_name = "observe"
+        signal.workflow_execution_signaled_event_attributes.signal_name = c.ClaimSignal.OBSERVE
         events.append(signal)
     timer = event(EventType.EVENT_TYPE_TIMER_STARTED, 20, 12)
     timer.timer_started_event_attributes.start_to_fire_timeout.FromTimedelta(timedelta(minutes=4))

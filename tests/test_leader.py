@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from homelab_sim.emulator import EmulatorServer
 
+from api import contracts as c
 from homelab_autoscaler.health import HealthServer, Probe
 from kube.adapter import Kube
 from tests.test_report import NS, Quiet, World
@@ -134,7 +135,7 @@ async def test_two_replicas_only_the_leader_writes_and_signals(emulator: Emulato
     await first.pump()
     await second.pump()
     assert first.dispatcher.acting and not second.dispatcher.acting
-    assert first.writer.slot_writes == 1 and one.count("refresh") == 1
+    assert first.writer.slot_writes == 1 and one.count(c.GroupSignal.REFRESH) == 1
     world.kubelet("s1", "on")
     await second.pump()
     await first.pump()
@@ -145,7 +146,7 @@ async def test_two_replicas_only_the_leader_writes_and_signals(emulator: Emulato
     world.kubelet("s1", "off")
     assert await second.lead()
     assert second.writer.slot_writes == 1, "the new leader's first pass brings every report up to date"
-    assert two.count("refresh") == 1 and two.count("observe_slot") == 1
+    assert two.count(c.GroupSignal.REFRESH) == 1 and two.count(c.GroupSignal.OBSERVE_SLOT) == 1
     assert World(emulator).status("s1")["powerState"] == "off"
     # Should the old one come back, it is a follower now: it keeps its picture fresh and writes nothing.
     world.kubelet("s1", "on")

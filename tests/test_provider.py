@@ -25,7 +25,11 @@ from homelab_sim.emulator import Fault
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
 
+from api import contracts as c
+from api import names
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2 as k8s
@@ -138,7 +142,7 @@ async def test_scale_up_of_three_from_zero() -> None:
         assert found.nodeGroup.id == ""
 
         # The watchers ask the group to re-read itself on every change; stand in for them to get the template.
-        await p.lab.group().signal("refresh")
+        await p.lab.group().signal(c.GroupSignal.REFRESH)
         snap = await p.lab.until(lambda: _with_template(p.lab), within=MIN, step=1, what="template in snapshot")
         got = await p.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="g"), timeout=CA_DEADLINE)
         node = k8s.Node.FromString(got.nodeBytes)
@@ -280,6 +284,35 @@ async def test_a_hundred_callers_on_two_replicas_all_answer_in_time_and_exactly_
         assert await p.target() == 10
         snap = await p.lab.snapshot()
         assert len({d["slot"] for d in snap["claims"].values()}) == 10 == len(snap["claims"])
+
+
+# --- the first call waits for the group to load ----------------------------------------------------------
+def _updates(history: WorkflowHistory, name: str) -> int:
+    accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    return sum(
+        1
+        for e in history.events
+        if e.event_type == accepted
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == name
+    )
+
+
+async def test_the_first_call_waits_for_the_load_in_one_bounded_update() -> None:
+    """The provider asks the group once (an Update that returns when it has loaded), never polls; a group that
+    cannot load in the caller's budget is UNAVAILABLE in time, saying what was waited for."""
+    async with serving(homelab([slot("s1")])) as p:
+        unreadable = Fault(match=lambda r: r.plural == names.PLURAL_GROUPS and r.verb == "get", status=503, times=None)
+        p.lab.lab.emulator.faults.append(unreadable)
+        started = time.monotonic()
+        err = await p.refused(p.stub.NodeGroupTargetSize, pb.NodeGroupTargetSizeRequest(id="g"))
+        assert time.monotonic() - started < CA_DEADLINE
+        assert err.code() == S.UNAVAILABLE and "has not read the Group and its slots" in (err.details() or "")
+        p.lab.lab.emulator.faults.remove(unreadable)
+        await p.lab.group().signal(c.GroupSignal.REFRESH)
+        assert await p.target() == 0
+        assert await p.target() == 0
+        history = await p.lab.group().fetch_history()
+        assert _updates(history, c.GroupUpdate.WAIT_LOADED) == 2, "one refused, one answered, none once loaded"
 
 
 # --- bad input -------------------------------------------------------------------------------------------

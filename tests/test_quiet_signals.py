@@ -14,6 +14,7 @@ from temporalio import workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from api import contracts as c
 from tests import lab
 from workflows.verbs import signal_if_running
 
@@ -24,7 +25,7 @@ class SignalsAWorkflowNotRunning:
 
     @workflow.run
     async def run(self, target: str) -> bool:
-        return await signal_if_running(target, "observe", {"power": "on"})
+        return await signal_if_running(target, c.ClaimSignal.OBSERVE, {"power": "on"})
 
 
 async def test_a_signal_to_a_workflow_not_yet_started_is_one_debug_line(caplog: pytest.LogCaptureFixture) -> None:

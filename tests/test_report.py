@@ -263,8 +263,8 @@ async def test_hand_deletion_and_finished_jobs_from_before_the_start_are_deliver
     w = Watchers(kube, sink, namespaces=[NS])
     await w.pump()
     await w.pump()
-    assert sink.count("mark_for_deletion", c.claim_workflow_id(NS, "c1")) == 1
-    assert sink.count("job_finished", c.claim_workflow_id(NS, "c1")) == 1
+    assert sink.count(c.ClaimSignal.MARK_FOR_DELETION, c.claim_workflow_id(NS, "c1")) == 1
+    assert sink.count(c.ClaimSignal.JOB_FINISHED, c.claim_workflow_id(NS, "c1")) == 1
     assert world.status("s1")["phase"] == "off"  # marked ready claim, machine off: the claim ends, nothing on
 
 

@@ -134,16 +134,16 @@ async def test_ten_identical_kubelet_updates_make_one_signal() -> None:
         name = await ready_claim(lab, w)
         await w.pump()
         wid = c.claim_workflow_id(NS, name)
-        before = w.signals.count("observe", wid)
+        before = w.signals.count(c.ClaimSignal.OBSERVE, wid)
         for i in range(10):  # heartbeats: the kubelet re-posts its Ready condition, nothing a decision reads
             lab.lab.call(heartbeat(str(i)))
             await w.pump()
-        assert w.signals.count("observe", wid) == before
+        assert w.signals.count(c.ClaimSignal.OBSERVE, wid) == before
         lab.lab.call(lambda h: h.emulator.patch_object("v1", "nodes", None, "s1", {"spec": {"unschedulable": True}}))
         for i in range(10):  # one real change (cordoned), then ten identical updates of the changed Node
             lab.lab.call(heartbeat(f"x{i}"))
             await w.pump()
-        assert w.signals.count("observe", wid) == before + 1
+        assert w.signals.count(c.ClaimSignal.OBSERVE, wid) == before + 1
 
 
 async def test_a_stale_observation_delivered_late_changes_nothing() -> None:
@@ -169,7 +169,7 @@ async def test_a_stale_observation_delivered_late_changes_nothing() -> None:
         late = c.Observation(
             power="on", usable=True, exists=True, gate_open=True, observed_at=observed_at - timedelta(seconds=5)
         )
-        await lab.claim(name).signal("observe", late)
+        await lab.claim(name).signal(c.ClaimSignal.OBSERVE, late)
         await lab.advance(1)
         assert (await lab.status(name))["observation"]["power"] == "off"
         assert slot_status(lab, "s1")["powerState"] == "off"
@@ -183,7 +183,7 @@ async def test_kubectl_delete_nodeclaim_reverses_a_ready_machine() -> None:
         res = lab.claim_resource(name)
         assert res is not None and res["metadata"].get("deletionTimestamp"), "the finalizer holds it"
         await w.pump()
-        assert w.signals.count("mark_for_deletion", c.claim_workflow_id(NS, name)) == 1
+        assert w.signals.count(c.ClaimSignal.MARK_FOR_DELETION, c.claim_workflow_id(NS, name)) == 1
         await drive(lab, w, lambda: lab.claim_resource(name) is None, within=10 * MIN, what="claim resource gone")
         st = await lab.status(name)
         assert (st["phase"], st["reason"]) == ("completed", "DeletedByHand")
@@ -242,7 +242,7 @@ async def test_a_watch_dropped_mid_boot_loses_nothing() -> None:
             lambda h: setattr(h.emulator._logs[("", "v1", "nodes")], "dropped_upto", h.emulator.resource_version)
         )
         relists = nodes.watch.relists
-        sent = w.signals.count("observe")
+        sent = w.signals.count(c.ClaimSignal.OBSERVE)
         lab.lab.emulator.faults.append(
             Fault(match=lambda r: r.verb == "watch" and r.plural == "nodes", status=500, times=1)
         )
@@ -251,7 +251,7 @@ async def test_a_watch_dropped_mid_boot_loses_nothing() -> None:
         assert (nodes.watch.relists, nodes.watch.resource_version) == (relists, position), "the position is kept"
         await w.pump()  # the next resume meets 410: relist, then every slot's observation once
         assert nodes.watch.relists == relists + 1
-        assert w.signals.count("observe") > sent, "after the relist every slot's observation is sent again"
+        assert w.signals.count(c.ClaimSignal.OBSERVE) > sent, "after the relist every slot's observation is sent again"
         await drive(lab, w, lambda: slot_status(lab, "s1").get("phase") == "ready", within=5 * MIN, what="ready")
         assert await lab.phase(name) == "ready"
 
@@ -283,7 +283,7 @@ async def test_reports_are_written_only_on_change() -> None:
 async def test_power_off_node_policy_delete_removes_the_node_and_keeps_its_template() -> None:
     async with watched(homelab([{"name": "s1"}])) as (lab, w):
         name = await ready_claim(lab, w)
-        await lab.group().execute_update("delete_nodes", ["s1"])
+        await lab.group().execute_update(c.GroupUpdate.DELETE_NODES, ["s1"])
         await drive(lab, w, lambda: lab.node("s1") is None, within=10 * MIN, what="kubelet Node deleted")
         st = await lab.status(name)
         assert st["phase"] == "completed"
@@ -304,7 +304,7 @@ async def test_a_node_whose_machine_came_back_before_it_was_deleted_is_kept() ->
         name = await ready_claim(lab, w)
         held = Fault(match=lambda r: r.plural == "nodes" and r.verb == "delete", status=503, reason="x", times=None)
         lab.lab.emulator.faults.append(held)
-        await lab.group().execute_update("delete_nodes", ["s1"])
+        await lab.group().execute_update(c.GroupUpdate.DELETE_NODES, ["s1"])
         await drive(
             lab,
             w,

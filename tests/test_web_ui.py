@@ -87,7 +87,7 @@ async def finish_startup_job(api: k8s.ApiClient, handle: WorkflowHandle[Any, Any
         return None
 
     job, succeeded = await until(ended, timeout=20, what=f"the startup Job of claim {name} to end in the homelab")
-    await handle.signal("job_finished", c.JobFinished(job, succeeded))
+    await handle.signal(c.ClaimSignal.JOB_FINISHED, c.JobFinished(job, succeeded))
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ async def demo(tmp_path: Path) -> AsyncIterator[Demo]:
                 await asyncio.gather(*(finish_startup_job(api, handles[n], n) for n in names))
 
             async def settled() -> list[dict[str, Any]] | None:
-                statuses = [await handles[n].query("status") for n in names]
+                statuses = [await handles[n].query(c.ClaimQuery.STATUS) for n in names]
                 return statuses if all(s["phase"] in ("ready", "failed") for s in statuses) else None
 
             statuses = await until(settled, timeout=30, what="all three claims ready or failed")

@@ -72,9 +72,9 @@ async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnviro
                         break
                     await asyncio.sleep(0.1)
                 assert jobs.items, f"the worker created no startup Job for {name}"
-                await claim.signal("job_finished", c.JobFinished(f"{name}-startup", True))
+                await claim.signal(c.ClaimSignal.JOB_FINISHED, c.JobFinished(f"{name}-startup", True))
                 for _ in range(150):
-                    status = await claim.query("status")
+                    status = await claim.query(c.ClaimQuery.STATUS)
                     if status["phase"] == "ready":
                         break
                     await asyncio.sleep(0.2)

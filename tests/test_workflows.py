@@ -295,7 +295,7 @@ async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:
         )
         # The reset Update resumes it at once, and with the script fixed the machine goes off.
         lab.lab.set_fault("s1", "shutdownDoesNothing", False)
-        assert await lab.claim(name).execute_update("reset_shutdown_streak", result_type=int) == 3
+        assert await lab.claim(name).execute_update(c.ClaimUpdate.RESET_SHUTDOWN_STREAK, result_type=int) == 3
         st = await lab.wait_phase(name, "completed", within=10 * MIN, step=15)
         assert st["reason"] == "NodeDeleted"
         await lab.record("shutdown_streak")
@@ -400,7 +400,7 @@ async def test_a_signal_moves_the_claim_before_its_poll() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
         name = await one_claim(lab)
         await lab.until(lambda: status_if(lab, name, lambda s: s["phase"] == "booting"), within=10, step=1)
-        await lab.claim(name).signal("job_finished", c.JobFinished(f"{name}-startup", True))
+        await lab.claim(name).signal(c.ClaimSignal.JOB_FINISHED, c.JobFinished(f"{name}-startup", True))
         await lab.wait_phase(name, "ready", within=20, step=1)
 
 
@@ -440,7 +440,7 @@ async def test_ready_claim_continues_as_new_and_keeps_serving() -> None:
         now = await lab.env.get_current_time()
         seed = c.ClaimSeed(NS, "s1-long", "s1", "g", "Manual", 1, now, None, 730.0, 3600, reads_per_run=2)
         handle = await lab.client.start_workflow(
-            "NodeClaimWorkflow", args=[seed, None], id=c.claim_workflow_id(NS, "s1-long"), task_queue=c.TASK_QUEUE
+            c.WorkflowName.CLAIM, args=[seed, None], id=c.claim_workflow_id(NS, "s1-long"), task_queue=c.TASK_QUEUE
         )
         first_run = handle.result_run_id
         await lab.wait_phase("s1-long", "ready", within=3 * MIN)

@@ -113,12 +113,14 @@ class Dispatcher:
             return False
         delivered = False
         if live is not None:
-            delivered = await self.signals.claim(ns, str(meta(live).get("name")), "observe", obs)
+            delivered = await self.signals.claim(ns, str(meta(live).get("name")), c.ClaimSignal.OBSERVE, obs)
         if not delivered:
             # No live claim, or its workflow is gone: the group routes it (law 3, adoption, a draining claim).
             target = c.group_workflow_id(ns, group)
             exists = (ns, group) in self.cluster.groups
-            delivered = await self.signals.group(ns, group, "observe_slot", c.SlotObservation(slot, obs), start=exists)
+            delivered = await self.signals.group(
+                ns, group, c.GroupSignal.OBSERVE_SLOT, c.SlotObservation(slot, obs), start=exists
+            )
         if delivered:
             self.sent[key] = (target, obs)
         return delivered
@@ -130,11 +132,11 @@ class Dispatcher:
     async def refresh_groups(self) -> None:
         for ns, name in sorted(self.cluster.groups):
             if not meta(self.cluster.groups[(ns, name)]).get("deletionTimestamp"):
-                await self.signals.group(ns, name, "refresh")
+                await self.signals.group(ns, name, c.GroupSignal.REFRESH)
 
     async def _refresh(self, ns: str, group: str) -> None:
         if self.acting and group:
-            await self.signals.group(ns, group, "refresh", start=(ns, group) in self.cluster.groups)
+            await self.signals.group(ns, group, c.GroupSignal.REFRESH, start=(ns, group) in self.cluster.groups)
 
     async def _reports(self, slots: list[Key], groups: set[tuple[str, str]] | None = None) -> None:
         if not self.acting:
@@ -205,9 +207,9 @@ class Dispatcher:
         slot, claim = views.job_owners(job)  # full names: the labels may hold bounded ones
         finished = c.JobFinished(job=name, succeeded=state.state == c.JOB_SUCCEEDED, reason=state.reason)
         if claim:
-            await self.signals.claim(ns, claim, "job_finished", finished)
+            await self.signals.claim(ns, claim, c.ClaimSignal.JOB_FINISHED, finished)
         elif slot and RELEASE_MARK in name:
-            await self.signals.release(ns, slot, "job_finished", finished)
+            await self.signals.release(ns, slot, c.ReleaseSignal.JOB_FINISHED, finished)
         else:
             return
         # Once per Job, delivered or not: a workflow that missed it reads the Job when its own timer fires.
@@ -219,7 +221,9 @@ class Dispatcher:
         ident = (ns, name, str(meta(claim).get("uid") or ""))
         if ident not in self.hand_deleted:
             self.hand_deleted.add(ident)
-            await self.signals.claim(ns, name, "mark_for_deletion", c.MarkRequest(ClaimReason.DELETED_BY_HAND))
+            await self.signals.claim(
+                ns, name, c.ClaimSignal.MARK_FOR_DELETION, c.MarkRequest(ClaimReason.DELETED_BY_HAND)
+            )
 
     # --- NodeClaims --------------------------------------------------------------------------------------
     async def _claim(self, event: WatchEvent, relisting: bool) -> None:
@@ -301,7 +305,9 @@ class Dispatcher:
         ns, name = key
         if event.type == DELETED:
             if self.acting:
-                await self.signals.group(ns, name, "refresh", start=False)  # it winds down; nothing to start
+                await self.signals.group(
+                    ns, name, c.GroupSignal.REFRESH, start=False
+                )  # it winds down; nothing to start
             return
         if self.acting:
             found = views.group_spec(obj)

@@ -1,5 +1,7 @@
 """The watchers' side of Temporal: signals to the claim, release and group workflows, and two small reads.
 
+Signal names come from the receiver's table in `api.contracts`, so a sender cannot name another workflow's.
+
 Every call swallows "no such workflow" (a claim that already ended, a release that is over): the watchers
 report what they saw, and a workflow that is gone has nothing left to learn. `sent` keeps what was delivered,
 in order, so the debounce can be checked by counting.
@@ -21,7 +23,6 @@ from domain.timings import TIMINGS
 
 log = logging.getLogger(__name__)
 
-GROUP_WORKFLOW = "GroupWorkflow"
 SENT_KEPT = 10_000  # the log of delivered signals is for counting in tests and debugging, not a history
 # Reads must not hold a watcher up when no worker answers: the report then falls back to the resource alone.
 
@@ -29,11 +30,13 @@ SENT_KEPT = 10_000  # the log of delivered signals is for counting in tests and 
 class SignalSink(Protocol):
     """What the dispatcher and the report writer need from Temporal (`Signals` is the real one)."""
 
-    async def claim(self, namespace: str, claim: str, signal: str, arg: Any = None) -> bool: ...
+    async def claim(self, namespace: str, claim: str, signal: c.ClaimSignal, arg: Any = None) -> bool: ...
 
-    async def release(self, namespace: str, slot: str, signal: str, arg: Any = None) -> bool: ...
+    async def release(self, namespace: str, slot: str, signal: c.ReleaseSignal, arg: Any = None) -> bool: ...
 
-    async def group(self, namespace: str, group: str, signal: str, arg: Any = None, *, start: bool = True) -> bool: ...
+    async def group(
+        self, namespace: str, group: str, signal: c.GroupSignal, arg: Any = None, *, start: bool = True
+    ) -> bool: ...
 
     async def claim_running(self, namespace: str, claim: str) -> bool: ...
 
@@ -48,7 +51,7 @@ class Signals:
     task_queue: str = c.TASK_QUEUE
     sent: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=SENT_KEPT))
 
-    async def _signal(self, workflow_id: str, signal: str, arg: Any = None) -> bool:
+    async def _signal(self, workflow_id: str, signal: c.AnySignal, arg: Any = None) -> bool:
         handle = self.client.get_workflow_handle(workflow_id)
         try:
             if arg is None:
@@ -61,13 +64,15 @@ class Signals:
         self.sent.append((workflow_id, signal))
         return True
 
-    async def claim(self, namespace: str, claim: str, signal: str, arg: Any = None) -> bool:
+    async def claim(self, namespace: str, claim: str, signal: c.ClaimSignal, arg: Any = None) -> bool:
         return await self._signal(c.claim_workflow_id(namespace, claim), signal, arg)
 
-    async def release(self, namespace: str, slot: str, signal: str, arg: Any = None) -> bool:
+    async def release(self, namespace: str, slot: str, signal: c.ReleaseSignal, arg: Any = None) -> bool:
         return await self._signal(c.release_workflow_id(namespace, slot), signal, arg)
 
-    async def group(self, namespace: str, group: str, signal: str, arg: Any = None, *, start: bool = True) -> bool:
+    async def group(
+        self, namespace: str, group: str, signal: c.GroupSignal, arg: Any = None, *, start: bool = True
+    ) -> bool:
         """Signal a group workflow; with `start`, signal-with-start it, so a Group never waits for a provider
         call to have its workflow (the workflow's first act is to load the group anyway).
         """
@@ -76,7 +81,7 @@ class Signals:
             return await self._signal(workflow_id, signal, arg)
         try:
             await self.client.start_workflow(
-                GROUP_WORKFLOW,
+                c.WorkflowName.GROUP,
                 args=[c.GroupRef(namespace, group), None],
                 id=workflow_id,
                 task_queue=self.task_queue,

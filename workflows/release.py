@@ -14,6 +14,7 @@ from temporalio.common import SearchAttributeKey
 
 from api import contracts as c
 from api.names import EventReason, JobType
+from workflows.handles import signal_group
 from workflows.legacy.v2.release import LegacyRelease
 from workflows.shutdown import JOB_OUTCOME_SUCCEEDED, ShutdownBook, monitor_job, shut_down
 from workflows.verbs import Broken, SlotVerbs
@@ -52,8 +53,8 @@ class Release(SlotVerbs):
             await self.on_event(EventReason.MACHINE_RELEASED, "machine with no live claim observed off", False)
         await workflow.wait_condition(workflow.all_handlers_finished)
         try:
-            await workflow.get_external_workflow_handle(c.group_workflow_id(seed.namespace, seed.group)).signal(
-                "release_finished", c.SlotReleased(seed.slot, off)
+            await signal_group(
+                seed.namespace, seed.group, c.GroupSignal.RELEASE_FINISHED, c.SlotReleased(seed.slot, off)
             )
         except Exception as err:
             workflow.logger.info("could not tell group %s: %s", seed.group, err)
@@ -126,7 +127,7 @@ class Release(SlotVerbs):
 GENERATION_3 = "release-generation-3"
 
 
-@workflow.defn(name="ReleaseWorkflow")
+@workflow.defn(name=c.WorkflowName.RELEASE)
 class ReleaseWorkflow:
     """The registered workflow: each run chooses its generation once (see `workflows.legacy`)."""
 
@@ -138,18 +139,18 @@ class ReleaseWorkflow:
     async def run(self, seed: c.ReleaseSeed) -> bool:
         return await self.impl.run(seed)
 
-    @workflow.signal
+    @workflow.signal(name=c.ReleaseSignal.OBSERVE)
     def observe(self, observation: c.Observation) -> None:
         self.impl.observe(observation)
 
-    @workflow.signal
+    @workflow.signal(name=c.ReleaseSignal.JOB_FINISHED)
     def job_finished(self, finished: c.JobFinished) -> None:
         self.impl.job_finished(finished)
 
-    @workflow.signal
+    @workflow.signal(name=c.ReleaseSignal.ABORT)
     def abort(self) -> None:
         self.impl.abort()
 
-    @workflow.update
+    @workflow.update(name=c.ReleaseUpdate.RESET_SHUTDOWN_STREAK)
     def reset_shutdown_streak(self) -> int:
         return self.impl.reset_shutdown_streak()

@@ -68,7 +68,7 @@ def broken(err: ActivityError) -> Broken:
 EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
 
 
-async def signal_if_running(workflow_id: str, signal: str, arg: Any = None) -> bool:
+async def signal_if_running(workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> bool:
     """Signal another workflow; False when it was not delivered, never raising.
 
     A workflow that is not running yet (a claim booked in this task, started after its first observation) or

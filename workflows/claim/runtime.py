@@ -17,6 +17,7 @@ from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason, Failu
 from domain import claims
 from workflows import metrics
 from workflows.claim.state import ClaimState
+from workflows.handles import signal_group
 from workflows.shutdown import ShutdownBook
 from workflows.verbs import Broken, SlotVerbs
 
@@ -191,12 +192,13 @@ class ClaimRuntime(SlotVerbs):
 
     async def notify_group(self, *, final: bool = False) -> None:
         """Tell the group what this claim is now (its target size, slot choice and collection read it)."""
-        group_id = c.group_workflow_id(self.s.seed.namespace, self.s.seed.group)
-        handle = workflow.get_external_workflow_handle(group_id)
+        seed = self.s.seed
         try:
-            await handle.signal("claim_changed", self.s.digest(workflow_done=final))
+            await signal_group(
+                seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, self.s.digest(workflow_done=final)
+            )
         except Exception as err:
-            workflow.logger.warning("could not tell group %s: %s", group_id, err)
+            workflow.logger.warning("could not tell group %s: %s", seed.group, err)
 
     # --- what the shutdown driver needs (ShutdownHost) ----------------------------------------------------
     @property

@@ -27,7 +27,7 @@ def carried_state(kind: type[Any], carried: dict[str, Any] | None) -> Any:
     return None if carried is None else TypeAdapter(kind).validate_python(carried)
 
 
-@workflow.defn(name="NodeClaimWorkflow")
+@workflow.defn(name=c.WorkflowName.CLAIM)
 class NodeClaimWorkflow:
     @workflow.init
     def __init__(self, seed: c.ClaimSeed, carried: dict[str, Any] | None = None) -> None:
@@ -41,34 +41,34 @@ class NodeClaimWorkflow:
     async def run(self, seed: c.ClaimSeed, carried: dict[str, Any] | None = None) -> c.ClaimDigest:
         return await self.impl.run(seed, self.impl.s if carried is not None else None)  # type: ignore[arg-type]
 
-    @workflow.signal
+    @workflow.signal(name=c.ClaimSignal.OBSERVE)
     def observe(self, observation: c.Observation) -> None:
         self.impl.observe(observation)
 
-    @workflow.signal
+    @workflow.signal(name=c.ClaimSignal.JOB_FINISHED)
     def job_finished(self, finished: c.JobFinished) -> None:
         self.impl.job_finished(finished)
 
-    @workflow.signal
+    @workflow.signal(name=c.ClaimSignal.MARK_FOR_DELETION)
     async def mark_for_deletion(self, request: c.MarkRequest) -> None:
         await self.impl.mark_for_deletion(request)
 
-    @workflow.signal
+    @workflow.signal(name=c.ClaimSignal.SUPERSEDED)
     def superseded(self, by: str) -> None:
         self.impl.superseded(by)
 
-    @workflow.signal
+    @workflow.signal(name=c.ClaimSignal.SLOT_DELETED)
     def slot_deleted(self) -> None:
         self.impl.slot_deleted()
 
-    @workflow.update
+    @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
     async def reset_shutdown_streak(self) -> int:
         return await self.impl.reset_shutdown_streak()
 
-    @workflow.query
+    @workflow.query(name=c.ClaimQuery.STATUS)
     def status(self) -> dict[str, Any]:
         return self.impl.status()
 
-    @workflow.query
+    @workflow.query(name=c.ClaimQuery.DIGEST)
     def digest(self) -> c.ClaimDigest:
         return self.impl.digest()

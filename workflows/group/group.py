@@ -161,7 +161,7 @@ class Group(Verbs):
             if name not in seen and book.exists:
                 book.exists = False
                 for claim in {book.live_claim, book.draining_claim} - {""}:
-                    s.send(c.claim_workflow_id(s.namespace, claim), "slot_deleted")
+                    s.send(c.claim_workflow_id(s.namespace, claim), c.ClaimSignal.SLOT_DELETED)
         for cv in view.claims:
             if cv.name not in s.claims and cv.slot in s.slots:
                 self.take_over(cv)
@@ -287,10 +287,10 @@ class Group(Verbs):
         owner = book.live_claim or book.draining_claim
         if owner:
             if not any(seed.name == owner for seed in s.to_start):  # a booked claim starts with what the book saw
-                s.send(c.claim_workflow_id(s.namespace, owner), "observe", book.observation)
+                s.send(c.claim_workflow_id(s.namespace, owner), c.ClaimSignal.OBSERVE, book.observation)
         elif book.releasing:
             if book.release is None:  # started: it hears the machine
-                s.send(c.release_workflow_id(s.namespace, book.name), "observe", book.observation)
+                s.send(c.release_workflow_id(s.namespace, book.name), c.ReleaseSignal.OBSERVE, book.observation)
         elif book.exists and book.observation.power == "on":
             if book.ever_claimed:
                 s.book_release(book)

@@ -69,7 +69,7 @@ class Outgoing:
     """A signal the group owes a workflow: booked by a handler, sent by the run loop."""
 
     workflow_id: str
-    signal: str
+    signal: c.ClaimSignal | c.ReleaseSignal  # carried across continue-as-new as its wire name
     arg: Any = None
 
 
@@ -176,7 +176,7 @@ class GroupState:
         return min(self.collect.values(), default=None)
 
     # --- bookkeeping -------------------------------------------------------------------------------------
-    def send(self, workflow_id: str, signal: str, arg: Any = None) -> None:
+    def send(self, workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> None:
         self.outbox.append(Outgoing(workflow_id, signal, arg))
 
     def book_claim(self, seed: c.ClaimSeed) -> None:
@@ -208,7 +208,9 @@ class GroupState:
             if seed.name == digest.name:
                 self.to_start[i] = replace(seed, marked_reason=seed.marked_reason or reason)
                 return
-        self.send(c.claim_workflow_id(self.namespace, digest.name), "mark_for_deletion", c.MarkRequest(reason))
+        self.send(
+            c.claim_workflow_id(self.namespace, digest.name), c.ClaimSignal.MARK_FOR_DELETION, c.MarkRequest(reason)
+        )
 
     def remember(self, digest: c.ClaimDigest) -> None:
         """Fold a claim's report into the slot books (the claim workflow is the authority on its phase)."""
@@ -265,7 +267,7 @@ class GroupState:
                 self.claims.pop(older.name, None)
                 continue
             self.claims[older.name] = replace(older, phase=ClaimPhase.FAILED, reason=ClaimReason.SUPERSEDED)
-            self.send(c.claim_workflow_id(self.namespace, older.name), "superseded", newest.name)
+            self.send(c.claim_workflow_id(self.namespace, older.name), c.ClaimSignal.SUPERSEDED, newest.name)
         slot = self.slots.get(slot_name)
         if slot is not None:
             slot.live_claim = newest.name

@@ -7,9 +7,11 @@ interface: the provider, the watchers and the claims call them by these names.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
 from workflows.claim.workflow import carried_state
@@ -22,7 +24,7 @@ from workflows.legacy.v2.group_workflow import LegacyGroup
 GENERATION_3 = "group-generation-3"
 
 
-@workflow.defn(name="GroupWorkflow")
+@workflow.defn(name=c.WorkflowName.GROUP)
 class GroupWorkflow:
     @workflow.init
     def __init__(self, ref: c.GroupRef, carried: dict[str, Any] | None = None) -> None:
@@ -37,24 +39,24 @@ class GroupWorkflow:
         await self.impl.run(ref, self.impl.s if carried is not None else None)  # type: ignore[arg-type]
 
     # --- signals -----------------------------------------------------------------------------------------
-    @workflow.signal
+    @workflow.signal(name=c.GroupSignal.CLAIM_CHANGED)
     def claim_changed(self, digest: c.ClaimDigest) -> None:
         self.impl.claim_changed(digest)
 
-    @workflow.signal
+    @workflow.signal(name=c.GroupSignal.OBSERVE_SLOT)
     def observe_slot(self, obs: c.SlotObservation) -> None:
         self.impl.observe_slot(obs)
 
-    @workflow.signal
+    @workflow.signal(name=c.GroupSignal.REFRESH)
     def refresh(self) -> None:
         self.impl.refresh()
 
-    @workflow.signal
+    @workflow.signal(name=c.GroupSignal.RELEASE_FINISHED)
     def release_finished(self, done: c.SlotReleased) -> None:
         self.impl.release_finished(done)
 
     # --- cluster-autoscaler's writes ---------------------------------------------------------------------
-    @workflow.update
+    @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
     async def increase_size(self, delta: int) -> int:
         return await self.impl.increase_size(delta)
 
@@ -62,7 +64,7 @@ class GroupWorkflow:
     def _validate_increase(self, delta: int) -> None:
         self.impl._validate_increase(delta)
 
-    @workflow.update
+    @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
     async def decrease_target_size(self, delta: int) -> int:
         return await self.impl.decrease_target_size(delta)
 
@@ -70,7 +72,7 @@ class GroupWorkflow:
     def _validate_decrease(self, delta: int) -> None:
         self.impl._validate_decrease(delta)
 
-    @workflow.update
+    @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
     async def delete_nodes(self, nodes: list[str]) -> int:
         return await self.impl.delete_nodes(nodes)
 
@@ -78,15 +80,40 @@ class GroupWorkflow:
     def _validate_delete(self, nodes: list[str]) -> None:
         self.impl._validate_delete(nodes)
 
+    @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
+    async def wait_loaded(self, within_seconds: float) -> bool:
+        """The provider's first call waits here for the group to have read its resources, instead of polling a
+        Query: True once loaded, False when `within_seconds` passed first (bounded, so a continue-as-new that
+        waits for all handlers never waits long). Either generation keeps `loaded` in its state.
+        """
+        state = self.impl.s
+        state.updates += 1  # every accepted Update counts against the run's limit
+        if not state.loaded:
+            try:
+                await workflow.wait_condition(
+                    lambda: state.loaded,
+                    timeout=timedelta(seconds=within_seconds),
+                    timeout_summary="the group loaded, for the provider",
+                )
+            except TimeoutError:
+                return False
+        return True
+
+    @wait_loaded.validator
+    def _validate_wait_loaded(self, within_seconds: float) -> None:
+        if within_seconds <= 0:
+            message = f"wait_loaded needs a positive bound, got {within_seconds}"
+            raise ApplicationError(message, type=c.ERR_INVALID_ARGUMENT, non_retryable=True)
+
     # --- cluster-autoscaler's reads ----------------------------------------------------------------------
-    @workflow.query
+    @workflow.query(name=c.GroupQuery.TARGET_SIZE)
     def target_size(self) -> int:
         return self.impl.target_size()
 
-    @workflow.query
+    @workflow.query(name=c.GroupQuery.INSTANCES)
     def instances(self) -> list[c.Instance]:
         return self.impl.instances()
 
-    @workflow.query
+    @workflow.query(name=c.GroupQuery.SNAPSHOT)
     def snapshot(self) -> dict[str, Any]:
         return self.impl.snapshot()

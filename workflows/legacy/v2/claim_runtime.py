@@ -125,7 +125,7 @@ class ClaimRuntime(SlotVerbs):
         group_id = c.group_workflow_id(self.s.seed.namespace, self.s.seed.group)
         handle = workflow.get_external_workflow_handle(group_id)
         try:
-            await handle.signal("claim_changed", self.s.digest(workflow_done=workflow_done))
+            await handle.signal(c.GroupSignal.CLAIM_CHANGED, self.s.digest(workflow_done=workflow_done))
         except Exception as err:
             workflow.logger.warning("could not tell group %s: %s", group_id, err)
 

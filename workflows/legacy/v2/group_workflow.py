@@ -112,7 +112,7 @@ class LegacyGroup(Verbs):
     async def slot_gone(self, book: SlotBook) -> None:
         """A deleted slot fails its claims (SlotDeleted); nothing can power its machine any more."""
         for name in {book.live_claim, book.draining_claim} - {""}:
-            await self._signal(c.claim_workflow_id(self.s.namespace, name), "slot_deleted")
+            await self._signal(c.claim_workflow_id(self.s.namespace, name), c.ClaimSignal.SLOT_DELETED)
 
     async def take_over(self, cv: c.ClaimView) -> None:
         """A claim resource the group does not track: hand-applied, or left by a lost run. Run it."""
@@ -176,7 +176,7 @@ class LegacyGroup(Verbs):
         wid = c.claim_workflow_id(seed.namespace, seed.name)
         try:
             await workflow.start_child_workflow(
-                "NodeClaimWorkflow",
+                c.WorkflowName.CLAIM,
                 args=[seed, None],
                 id=wid,
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
@@ -185,7 +185,7 @@ class LegacyGroup(Verbs):
         except WorkflowAlreadyStartedError:
             return
         if marked:
-            await self._signal(wid, "mark_for_deletion", c.MarkRequest(ClaimReason.DELETED_BY_HAND))
+            await self._signal(wid, c.ClaimSignal.MARK_FOR_DELETION, c.MarkRequest(ClaimReason.DELETED_BY_HAND))
 
     def check_one_live_claim(self, slot_name: str, claim: str) -> None:
         """The newest live claim owns the slot; every older live one is superseded."""
@@ -205,7 +205,7 @@ class LegacyGroup(Verbs):
     async def supersede_older(self) -> None:
         while self.outbox:
             older, newer = self.outbox.pop(0)
-            await self._signal(c.claim_workflow_id(self.s.namespace, older), "superseded", newer)
+            await self._signal(c.claim_workflow_id(self.s.namespace, older), c.ClaimSignal.SUPERSEDED, newer)
 
     # --- what the slots show -----------------------------------------------------------------------------
     async def on_observation(self, obs: c.SlotObservation) -> None:
@@ -218,9 +218,9 @@ class LegacyGroup(Verbs):
             book.observation = obs.observation
         owner = book.live_claim or book.draining_claim
         if owner:
-            await self._signal(c.claim_workflow_id(s.namespace, owner), "observe", book.observation)
+            await self._signal(c.claim_workflow_id(s.namespace, owner), c.ClaimSignal.OBSERVE, book.observation)
         elif book.releasing:
-            await self._signal(c.release_workflow_id(s.namespace, book.name), "observe", book.observation)
+            await self._signal(c.release_workflow_id(s.namespace, book.name), c.ReleaseSignal.OBSERVE, book.observation)
         elif book.exists and book.observation.power == "on":
             if book.ever_claimed:
                 await self.release(book)
@@ -237,7 +237,7 @@ class LegacyGroup(Verbs):
         book.releasing = True
         try:
             await workflow.start_child_workflow(
-                "ReleaseWorkflow",
+                c.WorkflowName.RELEASE,
                 c.ReleaseSeed(self.s.namespace, book.name, self.s.name),
                 id=c.release_workflow_id(self.s.namespace, book.name),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
@@ -253,7 +253,7 @@ class LegacyGroup(Verbs):
             if law.is_live(d.phase) and not d.marked:
                 await self._signal(
                     c.claim_workflow_id(s.namespace, d.name),
-                    "mark_for_deletion",
+                    c.ClaimSignal.MARK_FOR_DELETION,
                     c.MarkRequest(ClaimReason.NODE_DELETED),
                 )
         self.details("group deleted: waiting for its claims to release their machines")
@@ -263,7 +263,7 @@ class LegacyGroup(Verbs):
             "claims released after the group was deleted",
         )
 
-    async def _signal(self, workflow_id: str, signal: str, *args: Any) -> None:
+    async def _signal(self, workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, *args: Any) -> None:
         try:
             await workflow.get_external_workflow_handle(workflow_id).signal(signal, *args)
         except Exception as err:
@@ -327,7 +327,7 @@ class LegacyGroup(Verbs):
             self.s.remember(_marked(d))
             await self._signal(
                 c.claim_workflow_id(self.s.namespace, d.name),
-                "mark_for_deletion",
+                c.ClaimSignal.MARK_FOR_DELETION,
                 c.MarkRequest(ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE),
             )
         return self.s.target_size()
@@ -363,7 +363,7 @@ class LegacyGroup(Verbs):
             self.s.remember(_marked(d))
             await self._signal(
                 c.claim_workflow_id(self.s.namespace, d.name),
-                "mark_for_deletion",
+                c.ClaimSignal.MARK_FOR_DELETION,
                 c.MarkRequest(ClaimReason.NODE_DELETED),
             )
         return self.s.target_size()

@@ -38,7 +38,7 @@ class LegacyRelease(SlotVerbs):
         await workflow.wait_condition(workflow.all_handlers_finished)
         try:
             await workflow.get_external_workflow_handle(c.group_workflow_id(seed.namespace, seed.group)).signal(
-                "release_finished", c.SlotReleased(seed.slot, off)
+                c.GroupSignal.RELEASE_FINISHED, c.SlotReleased(seed.slot, off)
             )
         except Exception as err:
             workflow.logger.info("could not tell group %s: %s", seed.group, err)
