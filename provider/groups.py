@@ -51,11 +51,30 @@ _RPC_CODES: dict[RPCStatusCode, grpc.StatusCode] = {
 class GroupGateway:
     """Queries and Updates of `GroupWorkflow` by name (the provider never imports workflow code)."""
 
-    def __init__(self, client: Client, task_queue: str = c.TASK_QUEUE) -> None:
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str = c.TASK_QUEUE,
+        *,
+        reuse_seconds: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.task_queue = task_queue
+        self.reuse_seconds = reuse_seconds
+        self.clock = clock
         self._ready: set[str] = set()  # workflow ids this process has seen loaded
+        self._ensured: set[str] = set()  # workflow ids made sure of since the last Refresh
         self._locks: dict[str, asyncio.Lock] = {}
+        # A Query's answer, reused until the next Refresh, a write to its group, or `reuse_seconds`: within one
+        # loop cluster-autoscaler asks each group's size and instances several times.
+        self._answers: dict[tuple[str, str], tuple[float, Any]] = {}
+
+    def refresh(self) -> None:
+        """A new autoscaler loop: every group is asked afresh, and made sure of once (a deleted and re-created
+        Group's workflow may have ended since)."""
+        self._answers.clear()
+        self._ensured.clear()
 
     # --- the workflow -------------------------------------------------------------------------------------
     def lock(self, ref: c.GroupRef) -> asyncio.Lock:
@@ -70,6 +89,8 @@ class GroupGateway:
         """
         started = time.monotonic()
         wid = c.group_workflow_id(ref.namespace, ref.group)
+        if wid in self._ensured:  # made sure of in this loop: its Query (or Update) says if it is gone since
+            return self.client.get_workflow_handle(wid)
         await self._temporal(
             ref,
             "start the group workflow",
@@ -87,6 +108,7 @@ class GroupGateway:
         if wid not in self._ready:
             await self._wait_loaded(ref, handle, _left(started, timeout))
             self._ready.add(wid)
+        self._ensured.add(wid)
         return handle
 
     async def _wait_loaded(self, ref: c.GroupRef, handle: WorkflowHandle[Any, Any], timeout: float) -> None:
@@ -116,7 +138,14 @@ class GroupGateway:
             )
 
     def forget(self, ref: c.GroupRef) -> None:
-        self._ready.discard(c.group_workflow_id(ref.namespace, ref.group))
+        wid = c.group_workflow_id(ref.namespace, ref.group)
+        self._ready.discard(wid)
+        self._ensured.discard(wid)
+        self._drop_answers(wid)
+
+    def _drop_answers(self, wid: str) -> None:
+        for key in [k for k in self._answers if k[0] == wid]:
+            del self._answers[key]
 
     # --- reads --------------------------------------------------------------------------------------------
     async def target_size(self, ref: c.GroupRef, timeout: float) -> int:
@@ -148,6 +177,7 @@ class GroupGateway:
         """
         async with self.lock(ref):
             handle = await self.ensure(ref, timeout)
+            self._drop_answers(handle.id)  # whatever the outcome, the group's answers may have changed
             try:
                 result: int = await handle.execute_update(
                     name, arg, result_type=int, rpc_timeout=timedelta(seconds=timeout)
@@ -169,15 +199,23 @@ class GroupGateway:
     async def _query(
         self, ref: c.GroupRef, handle: WorkflowHandle[Any, Any], name: c.GroupQuery, kind: Any, timeout: float
     ) -> Any:
+        key = (handle.id, str(name))
+        held = self._answers.get(key)
+        if held is not None and self.clock() - held[0] < self.reuse_seconds:
+            return held[1]
+
         async def ask() -> Any:
             return await handle.query(name, result_type=kind, rpc_timeout=timedelta(seconds=timeout))
 
         try:
-            return await self._temporal(ref, f"query {name}", ask)
+            answer = await self._temporal(ref, f"query {name}", ask)
         except WorkflowQueryFailedError as err:
             raise ProviderError(
                 grpc.StatusCode.INTERNAL, f"group {ref.group}: the group workflow failed query {name}: {err}"
             ) from err
+        if self.reuse_seconds > 0:
+            self._answers[key] = (self.clock(), answer)
+        return answer
 
     async def _temporal(self, ref: c.GroupRef, what: str, call: Callable[[], Awaitable[T]]) -> T:
         try:

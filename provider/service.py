@@ -191,7 +191,8 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
         catalog = Catalog(kube, namespaces, ttl=settings.catalog_ttl_seconds)
         runtime = client.service_client.config.runtime or Runtime.default()
         metrics = CallMetrics(meter=runtime.metric_meter)
-        return cls(settings, catalog, GroupGateway(client, task_queue), metrics, temporal_unreachable)
+        gateway = GroupGateway(client, task_queue, reuse_seconds=settings.catalog_ttl_seconds)
+        return cls(settings, catalog, gateway, metrics, temporal_unreachable)
 
     def budget(self, context: grpc.aio.ServicerContext) -> float:
         """This call's time: the configured budget, shortened to fit the caller's own deadline."""
@@ -339,9 +340,10 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
 
     @_call("refreshing")
     async def Refresh(self, request: pb.RefreshRequest, context: Any) -> pb.RefreshResponse:
-        """A new autoscaler loop: the next read lists Groups and slots afresh. Never fails (that would stop
-        cluster-autoscaler's whole loop)."""
+        """A new autoscaler loop: the next reads list Groups and slots and ask the group workflows afresh. Never
+        fails (that would stop cluster-autoscaler's whole loop)."""
         self.catalog.invalidate()
+        self.groups.refresh()
         return pb.RefreshResponse()
 
     # --- one node group -----------------------------------------------------------------------------------

@@ -73,7 +73,10 @@ class ProviderSettings(BaseModel):
         4.0, gt=0, le=30, description="budget of one call, well inside cluster-autoscaler's 5 s gRPC deadline"
     )
     catalog_ttl_seconds: float = Field(
-        2.0, ge=0, description="how long a listing of Groups and slots is reused between Refresh calls"
+        2.0,
+        ge=0,
+        description="how long a listing of Groups and slots, and a group workflow's answers, are reused between "
+        "Refresh calls (a write to a group drops its answers at once)",
     )
 
     @model_validator(mode="after")

@@ -77,7 +77,7 @@ class Provider:
 
 
 def provider_settings(lab: Lab, **extra: Any) -> ProviderSettings:
-    return ProviderSettings(address="127.0.0.1:0", catalog_ttl_seconds=0, **extra)
+    return ProviderSettings(**{"address": "127.0.0.1:0", "catalog_ttl_seconds": 0, **extra})
 
 
 @asynccontextmanager
@@ -221,6 +221,21 @@ async def test_decrease_target_size_cancels_pending_claims_only() -> None:
         assert states[pid("s1")] == pb.InstanceStatus.instanceRunning
         # The cancelled claims are listed as deleting until each has ended (it deletes itself at once).
         assert {v for k, v in states.items() if k != pid("s1")} <= {pb.InstanceStatus.instanceDeleting}
+
+
+async def test_answers_are_reused_within_a_loop_and_dropped_on_refresh_or_a_write() -> None:
+    """cluster-autoscaler asks each group's size and instances several times per loop: within a loop (between two
+    Refresh calls) the group workflow is asked once, a write through the provider drops its group's answers."""
+    async with serving(homelab([slot("s1"), slot("s2"), slot("s3")]), catalog_ttl_seconds=60) as p:
+        await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+        assert await p.target() == 0
+        assert await p.lab.increase(1) == 1  # another client (not this provider) writes to the group
+        assert await p.target() == 0, "the loop's answer"
+        await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+        assert await p.target() == 1, "a new loop asks again"
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
+        assert await p.target() == 2, "a write through the provider drops the group's answers"
+        assert len(await p.states()) == 2
 
 
 async def test_fifty_concurrent_increases_of_one_on_ten_slots() -> None:
