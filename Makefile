@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: test run lint typecheck unit crds docs proto histories e2e soak chaos bytecode clean
+.PHONY: test run lint typecheck unit crds docs proto histories e2e soak chaos bench bytecode clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ soak: $(STAMP)
 CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+# Issue 14's figures beside floors measured in the same run (bench/, docs/performance.md); ~5 min on 2 cores at
+# these sizes. The issue's sizes: BENCH_ARGS='--p1-claims 200 --p2-slots 1000 --p3-groups 10 --p3-slots 100 --p3-calls 500'
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
 e2e: $(STAMP)

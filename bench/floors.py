@@ -10,16 +10,16 @@ from contextlib import asynccontextmanager
 
 import grpc
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from bench.procs import bounded, free_port
 from bench.trivial import FLOOR_QUEUE, OneActivity, SignalTwoActivities, noop
 
 
-def _seconds(event: object) -> float:
-    ts = event.event_time  # type: ignore[attr-defined]
-    return float(ts.seconds) + ts.nanos / 1e9
+def _seconds(event: HistoryEvent) -> float:
+    return float(event.event_time.seconds) + event.event_time.nanos / 1e9
 
 
 @asynccontextmanager
@@ -81,9 +81,9 @@ async def signal_latencies(client: Client, n: int, timeout: float) -> tuple[list
     )
     sent: dict[str, float] = {}
 
-    async def send(handle: object) -> None:
-        sent[handle.id] = time.time()  # type: ignore[attr-defined]
-        await handle.signal(SignalTwoActivities.go)  # type: ignore[attr-defined]
+    async def send(handle: WorkflowHandle[SignalTwoActivities, int]) -> None:
+        sent[handle.id] = time.time()
+        await handle.signal(SignalTwoActivities.go)
 
     await bounded(asyncio.gather(*(send(h) for h in handles)), timeout=timeout, what=f"{n} signals to be accepted")
     await bounded(
@@ -92,10 +92,10 @@ async def signal_latencies(client: Client, n: int, timeout: float) -> tuple[list
     handled, done = [], []
     for h in handles:
         events = (await h.fetch_history()).events
-        signalled = next(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
-        task_done = next(
-            e for e in events[signalled:] if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        signalled = next(
+            i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
         )
+        task_done = next(e for e in events[signalled:] if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
         last_activity = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED][-1]
         handled.append(_seconds(task_done) - sent[h.id])
         done.append(_seconds(last_activity) - sent[h.id])

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from homelab_sim.emulator import RequestInfo, ResourceSpec
+from homelab_sim.homelab import HomelabServer, parse_homelab_spec
 
 from api import names
 from api.names import ClaimPhase
 from bench.procs import BIN, Proc, free_port, http_status, port_open, rss_mb, wait_until
-from homelab_sim.emulator import ResourceSpec
-from homelab_sim.homelab import HomelabServer, parse_homelab_spec
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 
@@ -41,9 +41,7 @@ def homelab_doc(namespace: str, groups: int, slots_per_group: int, *, instant: b
         "kind": "Homelab",
         "namespace": namespace,
         "timings": timings,
-        "groups": [
-            {"name": g, "minSize": 0, "maxSize": slots_per_group, "nodeReadinessTaints": []} for g in gnames
-        ],
+        "groups": [{"name": g, "minSize": 0, "maxSize": slots_per_group, "nodeReadinessTaints": []} for g in gnames],
         "slots": [
             {"name": f"{g}-s{j}", "group": g, "startupPodSpec": pod, "shutdownPodSpec": pod}
             for g in gnames
@@ -149,7 +147,7 @@ class World:
     def group_names(self) -> list[str]:
         return [g.name for g in self.spec.groups]
 
-    def writes(self) -> list[Any]:
+    def writes(self) -> list[RequestInfo]:
         """The API write requests the emulator has served so far (the operator's: the sim writes in-process)."""
         return [r for r in list(self.lab.emulator.requests) if r.verb in WRITE_VERBS]
 

@@ -15,9 +15,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
