@@ -51,6 +51,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
     sizes = Sizes(args.p1_claims, args.p2_slots, args.p3_groups, args.p3_slots, args.p3_calls, args.idle_seconds)
     report = Report(sizes=vars(sizes) | {"cpus": os.cpu_count()})
     began = time.monotonic()
+    load_before = os.getloadavg()[0]
     temporal = DevServer(
         port=free_port(),
         ui_port=free_port(),
@@ -72,6 +73,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
         temporal.stop()
     report.processes["bench (driver, simulated homelab, floor worker)"] = self_peak_rss_mb()
     report.seconds = time.monotonic() - began
+    # Other work on the machine moves every figure and floor alike; the ratios hold up better than the times.
+    report.notes.append(
+        f"load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end,"
+        f" {os.cpu_count()} cores"
+    )
     return report
 
 
