@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -48,6 +49,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> Report:
+    # SIGTERM (or Ctrl-C) cancels the run, so every `finally` stops the processes it started.
+    task = asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, task.cancel)
     sizes = Sizes(args.p1_claims, args.p2_slots, args.p3_groups, args.p3_slots, args.p3_calls, args.idle_seconds)
     report = Report(sizes=vars(sizes) | {"cpus": os.cpu_count()})
     began = time.monotonic()
@@ -66,7 +72,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
         async with floors.floor_worker(client):
             for name in FIGURES:
                 if name in args.only.split(","):
+                    figure_began = time.monotonic()
                     await getattr(figures, name)()
+                    print(f"  ({name} took {time.monotonic() - figure_began:.0f} s)", flush=True)
         assert temporal.process is not None
         report.processes["temporal dev server"] = peak_rss_mb(temporal.process.pid)
     finally:

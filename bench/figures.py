@@ -119,9 +119,10 @@ class Figures:
     # --- P2 ----------------------------------------------------------------------------------------------------
     async def p2(self) -> None:
         n = self.sizes.p2_slots
-        print(f"P2: floor of {n} one-activity workflows, then a burst of {n} slots in 10 groups", flush=True)
+        print(f"P2: floor of {n} one-activity workflows, then a burst of {n} slots in {min(10, n)} groups", flush=True)
         floor, _ = await floors.one_activity_burst(self.client, n, self.sizes.wait_for(n))
-        world = await self.world("p2", 10, math.ceil(n / 10), instant=True)
+        groups = min(10, n)
+        world = await self.world("p2", groups, math.ceil(n / groups), instant=True)
         try:
             idle_mb = world.operator_rss_mb()
             began = time.time()

