@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
 # environment says; Python recompiles in memory any file edited since.
 bytecode:
-	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
