@@ -101,8 +101,10 @@ class Figures:
                     lat.append(claim_ready - node_ready)
         finally:
             await self.done(world)
+        if len(lat) < n:
+            self.report.notes.append(f"p1: {n - len(lat)} of {n} ready claims had no Ready Node on record (left out)")
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
-        values = {"claims": n, "p50_s": p50, "p99_s": p99, "max_s": max(lat)}
+        values = {"claims": n, "samples": len(lat), "p50_s": p50, "p99_s": p99, "max_s": max(lat)}
         for label, floor in (("signal → handled", handled), ("signal → two trivial activities done", two)):
             f99 = percentile(floor, 99)
             self.report.add(
