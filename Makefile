@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e soak chaos bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
 # environment says; Python recompiles in memory any file edited since.
 bytecode:
-	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim bench
 
 lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the layers)
 	$(BIN)/ruff check .
@@ -79,6 +79,12 @@ soak: $(STAMP) ## the model-based adversary for SOAK_MINUTES
 CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60
 chaos: $(STAMP) ## the chaos suite: real processes, kill -9s, API faults, an outage
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+# Issue 14's figures beside floors measured in the same run (bench/, docs/performance.md); ~5 min on 2 cores at
+# these sizes. The issue's sizes: BENCH_ARGS='--p1-claims 200 --p2-slots 1000 --p3-groups 10 --p3-slots 100 --p3-calls 500'
+BENCH_ARGS ?=
+bench: $(STAMP) ## the four performance figures beside same-run floors (docs/performance.md)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
 e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)

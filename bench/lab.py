@@ -1,0 +1,213 @@
+"""One figure's world: the simulated homelab (in this process, so its store can be timed and its requests
+counted) and `homelab-autoscaler run` (a process, as people run it) on a task queue of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from homelab_sim.emulator import RequestInfo, ResourceSpec
+from homelab_sim.homelab import HomelabServer, parse_homelab_spec
+
+from api import names
+from api.names import ClaimPhase
+from bench.procs import BIN, Proc, free_port, http_status, port_open, rss_mb, wait_until
+from proto import externalgrpc_pb2 as pb
+from proto import externalgrpc_pb2_grpc as pb_grpc
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+LEASE_RENEW_SECONDS = 5.0  # the operator's default renew period, passed explicitly
+START_TIMEOUT = 120.0
+CA_DEADLINE = 5.0
+RETRIED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+
+
+def homelab_doc(namespace: str, groups: int, slots_per_group: int, *, instant: bool) -> dict[str, Any]:
+    """`groups` groups of `slots_per_group` slots; machines instant (all zero) or a few real seconds to boot."""
+    timings = (
+        {"jobSeconds": 0, "bootSeconds": 0, "readySeconds": 0, "taintClearSeconds": 0, "shutdownSeconds": 0}
+        if instant
+        else {"jobSeconds": 1, "bootSeconds": 1, "readySeconds": 1, "taintClearSeconds": 0, "shutdownSeconds": 1}
+    )
+    pod = {"image": "busybox", "command": ["true"]}
+    gnames = [f"g{i}" for i in range(groups)]
+    return {
+        "apiVersion": "sim.homelab-autoscaler.dev/v1",
+        "kind": "Homelab",
+        "namespace": namespace,
+        "timings": timings,
+        "groups": [{"name": g, "minSize": 0, "maxSize": slots_per_group, "nodeReadinessTaints": []} for g in gnames],
+        "slots": [
+            {"name": f"{g}-s{j}", "group": g, "startupPodSpec": pod, "shutdownPodSpec": pod}
+            for g in gnames
+            for j in range(slots_per_group)
+        ],
+    }
+
+
+@dataclass
+class Recorder:
+    """Emulator listener (on the emulator's loop): when each Node turned Ready and each claim changed phase."""
+
+    node_ready: dict[str, float] = field(default_factory=dict)  # core Node name -> first Ready=True stored
+    phases: dict[str, list[tuple[str, float]]] = field(default_factory=lambda: defaultdict(list))
+    slot_of: dict[str, str] = field(default_factory=dict)  # claim -> slot
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, kind: str, spec: ResourceSpec, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        now = time.time()
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name"))
+        if spec.key == ("", "v1", "nodes") and kind != "DELETED":
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (obj.get("status") or {}).get("conditions") or []
+            )
+            with self.lock:
+                if ready and name not in self.node_ready:
+                    self.node_ready[name] = now
+                elif not ready:
+                    self.node_ready.pop(name, None)
+        elif spec.key == (names.GROUP, names.VERSION, names.PLURAL_NODECLAIMS) and kind != "DELETED":
+            phase = str((obj.get("status") or {}).get("phase") or ClaimPhase.PENDING)
+            with self.lock:
+                self.slot_of[name] = str((obj.get("spec") or {}).get("node"))
+                seen = self.phases[name]
+                if not seen or seen[-1][0] != phase:
+                    seen.append((phase, now))
+
+    def first(self, claim: str, phase: str) -> float | None:
+        with self.lock:
+            return next((t for p, t in self.phases.get(claim, []) if p == phase), None)
+
+    def claims_in(self, phase: str) -> list[str]:
+        with self.lock:
+            return [c for c, seen in self.phases.items() if seen and seen[-1][0] == phase]
+
+
+class World:
+    """The homelab and the operator for one figure; `close()` stops both (also after a failure)."""
+
+    def __init__(self, workdir: Path, temporal: str, tag: str, doc: dict[str, Any], *, time_scale: float) -> None:
+        self.namespace = doc["namespace"]
+        self.tag = tag
+        self.spec = parse_homelab_spec(doc, f"<bench {tag}>")
+        self.recorder = Recorder()
+        self.lab = HomelabServer(self.spec, port=free_port(), time_scale=time_scale)
+        self.provider_port, self.health_port = free_port(), free_port()
+        self.task_queue = f"bench-{tag}"
+        self.operator = Proc(
+            f"operator ({tag})",
+            [
+                str(BIN / "homelab-autoscaler"), "run",
+                "--temporal-address", temporal,
+                "--task-queue", self.task_queue,
+                "--kube-server", "",  # set in start(), once the homelab has its port
+                "--namespaces", self.namespace,
+                "--lease-namespace", self.namespace,
+                "--lease-renew-seconds", str(LEASE_RENEW_SECONDS),
+                "--provider-address", f"127.0.0.1:{self.provider_port}",
+                "--health-port", str(self.health_port),
+                "--metrics-address", "",
+                "--log-level", "WARNING",
+            ],
+            workdir / f"operator-{tag}.log",
+        )  # fmt: skip
+        self.channel: grpc.aio.Channel | None = None
+        self.late_increases: list[str] = []  # IncreaseSize calls that overran the deadline (applied anyway)
+        self.retried_reads: list[str] = []  # reads the bench asked again (never timed ones)
+
+    async def start(self) -> World:
+        self.lab.start()
+        self.lab.server.call(lambda emulator: emulator.listeners.append(self.recorder))
+        self.operator.args[self.operator.args.index("--kube-server") + 1] = self.lab.url
+        self.operator.start()
+        await wait_until(
+            lambda: port_open(self.provider_port) or not self.operator.alive,
+            timeout=START_TIMEOUT,
+            what=f"the provider of {self.operator.name} to listen",
+        )
+        await wait_until(
+            lambda: http_status(f"http://127.0.0.1:{self.health_port}/readyz") == 200 or not self.operator.alive,
+            timeout=START_TIMEOUT,
+            what=f"{self.operator.name} /readyz to answer 200",
+            every=0.25,
+        )
+        if not self.operator.alive:
+            raise RuntimeError(f"{self.operator.name} exited at start:\n{self.operator.tail()}")
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.provider_port}")
+        self.stub = pb_grpc.CloudProviderStub(self.channel)
+        await self.warm()
+        return self
+
+    @property
+    def group_names(self) -> list[str]:
+        return [g.name for g in self.spec.groups]
+
+    def writes(self) -> list[RequestInfo]:
+        """The API write requests the emulator has served so far (the operator's: the sim writes in-process)."""
+        return [r for r in list(self.lab.emulator.requests) if r.verb in WRITE_VERBS]
+
+    def operator_rss_mb(self) -> float:
+        return rss_mb(self.operator.pid)
+
+    async def read(self, call: Callable[..., Any], request: Any, what: str, tries: int = 10) -> Any:
+        """A read the bench needs (not one it times): asked again after DEADLINE_EXCEEDED or UNAVAILABLE."""
+        for attempt in range(tries):
+            try:
+                return await call(request, timeout=CA_DEADLINE)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in RETRIED or attempt == tries - 1:
+                    raise
+                self.retried_reads.append(f"{what}: {err.code().name}")
+        raise AssertionError("unreachable")
+
+    async def warm(self) -> None:
+        """What cluster-autoscaler asks before it scales: Refresh, NodeGroups, each group's TargetSize (which
+        starts the group workflows), one at a time."""
+        await self.read(self.stub.Refresh, pb.RefreshRequest(), "Refresh")
+        await self.read(self.stub.NodeGroups, pb.NodeGroupsRequest(), "NodeGroups")
+        for g in self.group_names:
+            await self.read(self.stub.NodeGroupTargetSize, pb.NodeGroupTargetSizeRequest(id=g), f"TargetSize {g}")
+
+    async def target(self, group: str) -> int:
+        req = pb.NodeGroupTargetSizeRequest(id=group)
+        return int((await self.read(self.stub.NodeGroupTargetSize, req, f"TargetSize {group}")).targetSize)
+
+    async def increase(self, group: str, delta: int) -> None:
+        """NodeGroupIncreaseSize once; a call that ran out of time still applies (the Update runs on), so the
+        target is then awaited rather than asked again (cluster-autoscaler's retry would double it)."""
+        before = await self.target(group)
+        try:
+            await self.stub.NodeGroupIncreaseSize(
+                pb.NodeGroupIncreaseSizeRequest(id=group, delta=delta), timeout=CA_DEADLINE
+            )
+        except grpc.aio.AioRpcError as err:
+            self.late_increases.append(f"{group}+{delta}: {err.code().name}")
+        want = before + delta
+        while True:  # bounded by the caller (scale_up): a group busy starting claims answers late, not never
+            try:
+                got = (
+                    await self.stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=group), timeout=CA_DEADLINE)
+                ).targetSize
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in RETRIED:
+                    raise
+                self.retried_reads.append(f"TargetSize {group}: {err.code().name}")
+                continue
+            if got >= want:
+                return
+            await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+        self.operator.stop()
+        self.lab.stop()
