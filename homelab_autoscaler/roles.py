@@ -173,7 +173,11 @@ async def provider(p: Process) -> None:
         task_queue=p.settings.section(QueueSettings).task_queue,
         temporal_unreachable=p.temporal.describe,
     )
-    await serve_provider(settings, built, p.stop)
+    built.catalog.watch()  # Groups and slots followed by watches: a loop's reads cost no API request
+    try:
+        await serve_provider(settings, built, p.stop)
+    finally:
+        await asyncio.to_thread(built.catalog.close)
 
 
 async def watch(p: Process) -> None:

@@ -1,15 +1,17 @@
-"""The groups and slots the provider serves, read from Kubernetes and shared by every call for a moment.
+"""The groups and slots the provider serves, read from Kubernetes and shared by every call.
 
-cluster-autoscaler asks NodeGroupForNode once per node per loop and NodeGroups, GetOptions and pricing
-around it; one listing per loop (reused for `catalog_ttl_seconds`, dropped on Refresh) keeps the API server
-out of the hot path. The Group resource is the authority on min/max and the autoscaler options; the group
-workflow is the authority on sizes and instances (see `provider.temporal`).
+cluster-autoscaler asks NodeGroupForNode once per node per loop and NodeGroups, GetOptions and pricing around
+it. Watched (the process's way): the Groups and slots are listed once and then followed by watches, so a loop's
+reads cost no API request and a changed object is parsed once, when it changes. Unwatched (or while a watch has
+not listed yet): one listing per loop, reused for `catalog_ttl_seconds` and dropped on Refresh. The Group
+resource is the authority on min/max and the autoscaler options; the group workflow on sizes and instances.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,9 +22,10 @@ from pydantic import ValidationError
 from api import names
 from api.v2alpha1 import GroupSpec, Pricing
 from kube import views
-from kube.adapter import GROUPS, SLOTS, Kube
+from kube.adapter import GROUPS, JSON, SLOTS, Kube, Resource
 from kube.errors import KubeError
 from kube.objects import meta, spec
+from kube.watch import DELETED, SYNCED, Watch
 from provider.errors import unavailable
 
 log = logging.getLogger(__name__)
@@ -96,16 +99,93 @@ class Catalog:
         self._taken = 0.0
         self._lock = asyncio.Lock()
         self._warned: set[tuple[str, ...]] = set()
+        # Watched: the objects as the watches last delivered them, a version bumped on every change, the
+        # snapshot built from them and the version it was built at, and each slot parsed once per resourceVersion.
+        self._watches: list[tuple[Watch, threading.Thread]] = []
+        self._objects: dict[tuple[str, str, str], JSON] = {}
+        self._synced: set[tuple[str, str]] = set()
+        self._version = 0
+        self._built: tuple[int, Snapshot] | None = None
+        self._parsed: dict[tuple[str, str, str], SlotInfo | None] = {}
+        self._mutex = threading.Lock()
+
+    # --- watched --------------------------------------------------------------------------------------------
+    def watch(self, window: int = 30) -> None:
+        """Follow the Groups and slots of every served namespace, each watch on a thread of its own."""
+        for ns in self.namespaces:
+            for res in (GROUPS, SLOTS):
+                w = Watch(self.kube, res, ns, window=window)
+                thread = threading.Thread(target=self._follow, args=(w, res, ns), name=f"catalog {res.plural} {ns}")
+                thread.daemon = True  # close() stops it; a daemon never holds the interpreter at exit
+                self._watches.append((w, thread))
+                thread.start()
+
+    def close(self) -> None:
+        """Stop the watches and wait (bounded) for their threads."""
+        for w, _ in self._watches:
+            w.close()
+        for _, thread in self._watches:
+            thread.join(timeout=5)
+        self._watches.clear()
+
+    @property
+    def watched(self) -> bool:
+        """Every watch has listed once: snapshots come from what they delivered."""
+        return bool(self._watches) and len(self._synced) == len(self._watches)
+
+    def _follow(self, w: Watch, res: Resource, ns: str) -> None:
+        for event in w.events():
+            with self._mutex:
+                if event.type == SYNCED:
+                    self._synced.add((res.plural, ns))
+                elif event.object is not None:
+                    key = (res.plural, ns, str(meta(event.object).get("name") or ""))
+                    if event.type == DELETED:
+                        self._objects.pop(key, None)
+                    else:
+                        self._objects[key] = event.object
+                self._version += 1
+
+    def _watched_snapshot(self) -> Snapshot:
+        with self._mutex:
+            if self._built is not None and self._built[0] == self._version:
+                return self._built[1]
+            version, objects = self._version, dict(self._objects)
+        by_ns: dict[str, tuple[list[JSON], list[JSON]]] = {ns: ([], []) for ns in self.namespaces}
+        for (plural, ns, _), obj in objects.items():
+            by_ns[ns][0 if plural == GROUPS.plural else 1].append(obj)
+        snap = self._assemble({ns: (g, self._slots_once(ns, sl)) for ns, (g, sl) in by_ns.items()})
+        with self._mutex:
+            self._built = (version, snap)
+        return snap
+
+    def _slots_once(self, ns: str, objs: list[JSON]) -> list[SlotInfo]:
+        """Slots parsed once per version of each: a loop's reads re-parse nothing that did not change."""
+        out: list[SlotInfo] = []
+        live: set[tuple[str, str, str]] = set()
+        for obj in objs:
+            m = meta(obj)
+            key = (ns, str(m.get("uid") or m.get("name")), str(m.get("resourceVersion") or ""))
+            live.add(key)
+            if key not in self._parsed:
+                self._parsed[key] = self._slot(ns, obj)
+            if (slot := self._parsed[key]) is not None:
+                out.append(slot)
+        # Versions no longer current are dropped, so the memo stays the size of the homelab.
+        self._parsed = {k: v for k, v in self._parsed.items() if k[0] != ns or k in live}
+        return out
 
     def group_id(self, namespace: str, group: str) -> str:
         """`<group>` when one namespace is served (the usual homelab), `<namespace>/<group>` otherwise."""
         return group if len(self.namespaces) == 1 else f"{namespace}/{group}"
 
     def invalidate(self) -> None:
-        """Refresh: cluster-autoscaler starts a loop, so the next read lists afresh."""
+        """Refresh: cluster-autoscaler starts a loop, so the next read lists afresh (watched: it is fresh)."""
         self._held = None
 
     async def snapshot(self) -> Snapshot:
+        if self.watched:
+            return self._watched_snapshot()
         async with self._lock:
             if self._held is None or self.clock() - self._taken > self.ttl:
                 try:
@@ -116,16 +196,25 @@ class Catalog:
             return self._held
 
     def _list(self) -> Snapshot:
-        groups: list[GroupInfo] = []
+        listed: dict[str, tuple[list[JSON], list[SlotInfo]]] = {}
         for ns in self.namespaces:
             raw_groups = self.kube.list_raw(GROUPS, ns)[0]
             raw_slots = self.kube.list_raw(SLOTS, ns)[0]
-            slots = [slot for obj in raw_slots if (slot := self._slot(ns, obj)) is not None]
+            listed[ns] = (raw_groups, [slot for obj in raw_slots if (slot := self._slot(ns, obj)) is not None])
+        return self._assemble(listed)
+
+    def _assemble(self, listed: Mapping[str, tuple[list[JSON], list[SlotInfo]]]) -> Snapshot:
+        """Groups with their slots, in id order, from each namespace's Group objects and parsed slots."""
+        groups: list[GroupInfo] = []
+        for ns, (raw_groups, slots) in listed.items():
+            members_of: dict[str, list[SlotInfo]] = {}
+            for slot in slots:
+                members_of.setdefault(slot.group, []).append(slot)
             for obj in raw_groups:
                 name = meta(obj).get("name")
                 if not isinstance(name, str) or not name:
                     continue
-                members = tuple(sorted((s for s in slots if s.group == name), key=lambda s: s.name))
+                members = tuple(sorted(members_of.get(name, []), key=lambda s: s.name))
                 groups.append(GroupInfo(self.group_id(ns, name), ns, name, self._group_spec(ns, obj), members))
         return Snapshot(tuple(sorted(groups, key=lambda g: g.id)))
 

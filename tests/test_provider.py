@@ -238,6 +238,45 @@ async def test_answers_are_reused_within_a_loop_and_dropped_on_refresh_or_a_writ
         assert len(await p.states()) == 2
 
 
+async def test_a_watched_catalog_serves_a_loop_without_listing_and_follows_changes() -> None:
+    """The process's catalog: listed once, then followed by watches; Refresh + NodeGroups costs no list request,
+    and a slot added or a Group's bounds changed shows in the next answer (bounded wait, real time)."""
+    async with serving(homelab([slot("s1"), slot("s2")])) as p:
+        catalog = p.running.provider.catalog
+        catalog.watch(window=2)
+        try:
+            deadline = time.monotonic() + 20
+            while not catalog.watched:
+                assert time.monotonic() < deadline, "the catalog's watches listed within 20 s"
+                await asyncio.sleep(0.05)
+            em = p.lab.lab.emulator
+            lists_before = sum(1 for r in list(em.requests) if r.verb == "list")
+            for _ in range(5):
+                await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+                groups = (await p.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_DEADLINE)).nodeGroups
+                assert [(g.id, g.maxSize) for g in groups] == [("g", 2)]
+            assert sum(1 for r in list(em.requests) if r.verb == "list") == lists_before, "a loop lists nothing"
+
+            def add_s3(h: Any) -> None:
+                s1 = h.emulator.get_object(names.API_VERSION, "nodes", NS, "s1")
+                spec = {**s1["spec"], "kubernetesNodeName": "s3", "providerID": pid("s3")}
+                s3 = {"apiVersion": names.API_VERSION, "kind": "Node", "metadata": {"name": "s3"}, "spec": spec}
+                h.emulator.put_object(names.API_VERSION, "nodes", s3, NS)
+
+            p.lab.lab.call(add_s3)
+
+            async def max_size() -> int:
+                await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+                groups = (await p.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_DEADLINE)).nodeGroups
+                return int(groups[0].maxSize)
+
+            while await max_size() != 3:
+                assert time.monotonic() < deadline + 20, "the third slot served within 20 s of its creation"
+                await asyncio.sleep(0.05)
+        finally:
+            await asyncio.to_thread(catalog.close)
+
+
 async def test_fifty_concurrent_increases_of_one_on_ten_slots() -> None:
     async with serving(homelab([slot(f"s{i:02d}") for i in range(10)], maxSize=10)) as p:
         # Hold the claims pending so the test reads the group's bookkeeping, not boots.
