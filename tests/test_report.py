@@ -23,7 +23,7 @@ from domain import law
 from kube.adapter import Kube
 from watchers import report
 from watchers.main import Watchers
-from watchers.report import SlotFacts, group_health, markers, merge_diff, slot_status
+from watchers.report import SlotFacts, group_conditions, group_health, markers, merge_diff, slot_status
 
 NS = "lab"
 CRD = "infra.homecluster.dev/v2alpha1"
@@ -307,6 +307,20 @@ def test_group_health() -> None:
     assert group_health([False, False]) is GroupHealth.HEALTHY
     assert group_health([False, True]) is GroupHealth.DEGRADED
     assert group_health([True, True]) is GroupHealth.OFFLINE
+
+
+def test_a_degraded_group_says_which_slots_and_why_in_time_order() -> None:
+    """`kubectl describe group` shows why a group is degraded (the slots and their reasons), and its conditions
+    in the order they changed, oldest first."""
+    group = {"spec": {"maxSize": 3}, "status": {}}
+    why = ["s2: claim s2-abc failed (StartupJobFailed)", "s3: ready claim, but the node is not usable"]
+    first = group_conditions(group, GroupHealth.HEALTHY, [], T0)
+    assert [(cd["type"], cd["status"]) for cd in first] == [("Healthy", "True"), ("Valid", "True")]
+    later = group_conditions({**group, "status": {"conditions": first}}, GroupHealth.DEGRADED, why, T0 + timedelta(1))
+    by_type = {cd["type"]: cd for cd in later}
+    assert by_type["Healthy"]["status"] == "False" and by_type["Healthy"]["reason"] == "Degraded"
+    assert by_type["Healthy"]["message"] == "; ".join(why)
+    assert [cd["type"] for cd in later] == ["Valid", "Healthy"], "the one that changed last comes last"
 
 
 def test_merge_diff_deletes_nested_keys_that_went_away() -> None:
