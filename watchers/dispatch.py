@@ -17,6 +17,7 @@ listed once (`ready`), and only while this replica leads; the cache is kept warm
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -56,6 +57,9 @@ class Dispatcher:
         self.finished_jobs: set[tuple[str, str, str]] = set()
         self.hand_deleted: set[tuple[str, str, str]] = set()
         self.dropped_stale = 0
+        self.deferred: asyncio.Event | None = None  # set: reports are written by `write_reports`, not inline
+        self.dirty_slots: set[Key] = set()
+        self.dirty_groups: set[tuple[str, str]] = set()
 
     # --- the one entry point ---------------------------------------------------------------------------
     async def handle(self, resource: Resource, event: WatchEvent, *, relisting: bool = False) -> None:
@@ -139,16 +143,46 @@ class Dispatcher:
             await self.signals.group(ns, group, c.GroupSignal.REFRESH, start=(ns, group) in self.cluster.groups)
 
     async def _reports(self, slots: list[Key], groups: set[tuple[str, str]] | None = None) -> None:
+        """Bring the reports these events can change up to date: at once, or (deferred) by `write_reports`."""
         if not self.acting:
             return
-        now = self.clock()
         touched = set(groups or ())
         for key in slots:
             if key in self.cluster.slots:
-                await self.writer.slot(key, now)
                 touched.add((key[0], str(spec(self.cluster.slots[key]).get("group") or "")))
+        if self.deferred is not None:
+            self.dirty_slots.update(k for k in slots if k in self.cluster.slots)
+            self.dirty_groups.update(touched)
+            self.deferred.set()
+            return
+        now = self.clock()
+        for key in slots:
+            if key in self.cluster.slots:
+                await self.writer.slot(key, now)
         for ns, name in sorted(touched):
             await self.writer.group(ns, name, now)
+
+    def defer_reports(self) -> asyncio.Event:
+        """The process's way: events only mark reports dirty, `write_reports` writes them, each slot once however
+        many events touched it, so a signal never waits behind a report write (reports are output only)."""
+        self.deferred = asyncio.Event()
+        return self.deferred
+
+    async def write_reports(self) -> int:
+        """Write every dirty report (slots, then their groups); the number of reports brought up to date."""
+        slots, self.dirty_slots = sorted(self.dirty_slots), set()
+        groups, self.dirty_groups = sorted(self.dirty_groups), set()
+        if self.deferred is not None:
+            self.deferred.clear()
+        if not self.acting:
+            return 0
+        now = self.clock()
+        for key in slots:
+            if key in self.cluster.slots:
+                await self.writer.slot(key, now)
+        for ns, name in groups:
+            await self.writer.group(ns, name, now)
+        return len(slots) + len(groups)
 
     # --- the cache ---------------------------------------------------------------------------------------
     def _fold(self, store: dict[Any, JSON], key: Any, event: WatchEvent) -> tuple[JSON | None, bool]:

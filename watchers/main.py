@@ -151,6 +151,15 @@ class Watchers:
                 log.exception("leader election tick failed")
             await asyncio.sleep(every)
 
+    async def _write_reports(self, dirty: asyncio.Event) -> None:
+        """The reports the events made dirty, written after the signals those events sent, coalesced per slot."""
+        while True:
+            await dirty.wait()
+            try:
+                await self.dispatcher.write_reports()
+            except Exception:  # a report left behind is written by the next event or the resync
+                log.exception("report pass failed")
+
     async def _expiry(self) -> None:
         """The history's expiry pass, due when the oldest row leaves its window, and a periodic resync."""
         while True:
@@ -171,8 +180,10 @@ class Watchers:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Tagged] = asyncio.Queue()
         self._start_threads(loop, queue)
+        dirty = self.dispatcher.defer_reports()
         tasks = [
             asyncio.create_task(self._consume(queue), name="watch events"),
+            asyncio.create_task(self._write_reports(dirty), name="reports"),
             asyncio.create_task(self._leadership(renew_every), name="lease"),
             asyncio.create_task(self._expiry(), name="report expiry"),
         ]
