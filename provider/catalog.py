@@ -130,10 +130,19 @@ class Catalog:
 
     @property
     def watched(self) -> bool:
-        """Every watch has listed once: snapshots come from what they delivered."""
-        return bool(self._watches) and len(self._synced) == len(self._watches)
+        """Every watch has listed once (and none has died): snapshots come from what they delivered."""
+        return bool(self._watches) and len(self._synced) == 2 * len(self.namespaces) == len(self._watches)
 
     def _follow(self, w: Watch, res: Resource, ns: str) -> None:
+        try:
+            self._deliver(w, res, ns)
+        except Exception:  # a watch that died must not leave the catalog frozen: list per loop again instead
+            log.exception("catalog watch of %s in %s stopped; listing per loop from now on", res.plural, ns)
+            with self._mutex:
+                self._watches = [(x, t) for x, t in self._watches if x is not w]
+                self._synced.clear()
+
+    def _deliver(self, w: Watch, res: Resource, ns: str) -> None:
         for event in w.events():
             with self._mutex:
                 if event.type == SYNCED:

@@ -30,9 +30,12 @@ from temporalio.client import WorkflowHistory
 
 from api import contracts as c
 from api import names
+from kube.adapter import SLOTS, Kube
+from kube.watch import SYNCED, Watch, WatchEvent
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2 as k8s
+from provider.catalog import Catalog
 from provider.server import SERVICE_NAME, Running, start
 from provider.service import CloudProvider
 from provider.settings import ProviderSettings
@@ -275,6 +278,22 @@ async def test_a_watched_catalog_serves_a_loop_without_listing_and_follows_chang
                 await asyncio.sleep(0.05)
         finally:
             await asyncio.to_thread(catalog.close)
+
+
+def test_a_catalog_whose_watch_dies_lists_per_loop_again(kube: Kube) -> None:
+    """A watch thread that dies (a bug, an unexpected answer) must not leave the provider serving a frozen picture."""
+
+    class Dying(Watch):
+        def events(self) -> Iterator[WatchEvent]:
+            yield WatchEvent(SYNCED, None)
+            raise RuntimeError("an answer nobody expected")
+
+    catalog = Catalog(kube, [NS])
+    dying = Dying(kube, SLOTS, NS)
+    catalog._watches = [(dying, threading.current_thread())]
+    catalog._synced = {("groups", NS)}
+    catalog._follow(dying, SLOTS, NS)
+    assert not catalog.watched and catalog._watches == []
 
 
 async def test_fifty_concurrent_increases_of_one_on_ten_slots() -> None:
