@@ -18,8 +18,9 @@ listed once (`ready`), and only while this replica leads; the cache is kept warm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,9 @@ from watchers.signals import SignalSink
 log = logging.getLogger(__name__)
 
 RELEASE_MARK = c.RELEASE_MARK
+# Signals in flight at once from the watchers (the process's way): enough to keep up with a burst of boots,
+# few enough not to queue behind each other in the Temporal client.
+SIGNALS_IN_FLIGHT = 32
 
 
 class Dispatcher:
@@ -58,6 +62,8 @@ class Dispatcher:
         self.hand_deleted: set[tuple[str, str, str]] = set()
         self.dropped_stale = 0
         self.deferred: asyncio.Event | None = None  # set: reports are written by `write_reports`, not inline
+        self.concurrent: asyncio.Semaphore | None = None  # set: signals go out beside the next events
+        self._chains: dict[Any, asyncio.Task[None]] = {}
         self.dirty_slots: set[Key] = set()
         self.dirty_groups: set[tuple[str, str]] = set()
 
@@ -108,16 +114,28 @@ class Dispatcher:
         obs = self.observation(key)
         if obs is None:
             return False
-        ns, slot = key
+        ns = key[0]
         group = str(spec(self.cluster.slots[key]).get("group") or "")
         live = self.cluster.live_claim(key)
         target = c.claim_workflow_id(ns, str(meta(live).get("name"))) if live else c.group_workflow_id(ns, group)
         held = self.sent.get(key)
         if not force and held is not None and held[0] == target and obs.same_facts(held[1]):
             return False
+        claim = str(meta(live).get("name")) if live is not None else ""
+        if self.concurrent is not None:
+            # Sent beside the next events (observations carry their time: a workflow drops an older one), one at
+            # a time per slot so the claim-then-group fallback keeps its order; forgotten if it did not land.
+            self.sent[key] = (target, obs)
+            self._spawn(key, lambda: self._deliver(key, claim, group, obs, target))
+            return True
+        return await self._deliver(key, claim, group, obs, target)
+
+    async def _deliver(self, key: Key, claim: str, group: str, obs: c.Observation, target: str) -> bool:
+        ns, slot = key
+        booked = (target, obs)  # what `observe` may have recorded before sending
         delivered = False
-        if live is not None:
-            delivered = await self.signals.claim(ns, str(meta(live).get("name")), c.ClaimSignal.OBSERVE, obs)
+        if claim:
+            delivered = await self.signals.claim(ns, claim, c.ClaimSignal.OBSERVE, obs)
         if not delivered:
             # No live claim, or its workflow is gone: the group routes it (law 3, adoption, a draining claim).
             target = c.group_workflow_id(ns, group)
@@ -127,7 +145,39 @@ class Dispatcher:
             )
         if delivered:
             self.sent[key] = (target, obs)
+        elif self.sent.get(key) in (booked, (target, obs)):
+            del self.sent[key]  # not delivered: the next event sends it again
         return delivered
+
+    def send_concurrently(self, limit: int = SIGNALS_IN_FLIGHT) -> None:
+        """The process's way: signals go out beside the next events instead of one after another, at most
+        `limit` at once, in order per slot. `pump()` (tests, the first sync) keeps them inline."""
+        self.concurrent = asyncio.Semaphore(limit)
+
+    def _spawn(self, key: Any, send: Callable[[], Awaitable[Any]]) -> None:
+        """Run `send` after the previous send for `key` (chained), bounded by the semaphore."""
+        before = self._chains.get(key)
+        limit = self.concurrent
+
+        async def chained() -> None:
+            if before is not None:
+                with contextlib.suppress(Exception):
+                    await before
+            assert limit is not None
+            async with limit:
+                try:
+                    await send()
+                except Exception:  # one failed send must not stop the others; the next event sends again
+                    log.exception("sending to %s failed", key)
+
+        task = asyncio.get_running_loop().create_task(chained())
+        self._chains[key] = task
+        task.add_done_callback(lambda done: self._chains.pop(key, None) if self._chains.get(key) is done else None)
+
+    async def settle(self) -> None:
+        """Wait for every signal in flight (a stop, a test)."""
+        while self._chains:
+            await asyncio.gather(*list(self._chains.values()), return_exceptions=True)
 
     async def observe_all(self) -> None:
         for key in list(self.cluster.all_slots()):
@@ -240,12 +290,17 @@ class Dispatcher:
             return
         slot, claim = views.job_owners(job)  # full names: the labels may hold bounded ones
         finished = c.JobFinished(job=name, succeeded=state.state == c.JOB_SUCCEEDED, reason=state.reason)
+        send: Callable[[], Awaitable[bool]]
         if claim:
-            await self.signals.claim(ns, claim, c.ClaimSignal.JOB_FINISHED, finished)
+            send = lambda: self.signals.claim(ns, claim, c.ClaimSignal.JOB_FINISHED, finished)  # noqa: E731
         elif slot and RELEASE_MARK in name:
-            await self.signals.release(ns, slot, c.ReleaseSignal.JOB_FINISHED, finished)
+            send = lambda: self.signals.release(ns, slot, c.ReleaseSignal.JOB_FINISHED, finished)  # noqa: E731
         else:
             return
+        if self.concurrent is not None:
+            self._spawn(ident, send)
+        else:
+            await send()
         # Once per Job, delivered or not: a workflow that missed it reads the Job when its own timer fires.
         self.finished_jobs.add(ident)
 

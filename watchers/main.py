@@ -181,6 +181,7 @@ class Watchers:
         queue: asyncio.Queue[Tagged] = asyncio.Queue()
         self._start_threads(loop, queue)
         dirty = self.dispatcher.defer_reports()
+        self.dispatcher.send_concurrently()
         tasks = [
             asyncio.create_task(self._consume(queue), name="watch events"),
             asyncio.create_task(self._write_reports(dirty), name="reports"),
@@ -190,6 +191,8 @@ class Watchers:
         try:
             await stop.wait()
         finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.dispatcher.settle(), 5)  # signals in flight land before the stop
             await self.stop_leading()
             for task in tasks:
                 task.cancel()
