@@ -96,3 +96,11 @@ def test_the_check_finds_a_module_only_the_tests_bring(tmp_path: Path) -> None:
     (package / "m.py").write_text("import importlib.resources\n\n" + body)
     missing = undeclared(imported_modules(package), {"pyyaml"})
     assert [m.split(" ")[0] for m in missing] == ["pytest", "hypothesis"]
+
+
+def test_the_shipped_default_homelab_is_the_documented_example() -> None:
+    """`dev --simulate` without --homelab serves the file homelab_sim ships; the docs point at the example."""
+    shipped = ROOT / "sim" / "homelab_sim" / "homelab.yaml"
+    assert shipped.read_text() == (ROOT / "deploy" / "examples" / "homelab.yaml").read_text(), (
+        "copy deploy/examples/homelab.yaml to sim/homelab_sim/homelab.yaml (or the other way round)"
+    )
