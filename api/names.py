@@ -160,6 +160,7 @@ class ClaimReason(StrEnum):
     OPERATOR_ERROR = "OperatorError"
     NODE_DELETED = "NodeDeleted"
     CANCELLED_BY_DECREASE_TARGET_SIZE = "CancelledByDecreaseTargetSize"
+    MAX_SIZE_REACHED = "MaxSizeReached"  # a hand-applied claim the group had no room for: cancelled, nothing bought
     DELETED_BY_HAND = "DeletedByHand"
     ADOPTED = "Adopted"
 

@@ -251,6 +251,21 @@ async def test_a_hand_applied_claim_seeds_its_attempt_and_keeps_its_ttl() -> Non
         await lab.until(lambda: lab.claim_resource("s1-by-hand") is None, within=3 * MIN, what="collected after 60s")
 
 
+async def test_a_hand_applied_claim_the_group_has_no_room_for_is_cancelled_before_it_buys_a_machine() -> None:
+    """maxSize holds for hand-made claims too (found by the model, seed 4183217908): one applied on a free slot
+    while the group is at its maxSize is cancelled (MaxSizeReached) with nothing bought; the target stays."""
+    async with open_lab(homelab([slot("s1"), slot("s2"), slot("s3")], maxSize=2)) as lab:
+        await lab.start_group()
+        assert await lab.increase(2) == 2
+        free = next(n for n, b in (await lab.snapshot())["slots"].items() if not b["liveClaim"])
+        apply_claim(lab, "over-max", free)
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase("over-max", "completed", within=MIN, step=5)
+        assert st["reason"] == "MaxSizeReached"
+        assert (await lab.snapshot())["targetSize"] == 2
+        assert lab.jobs(free) == [], "nothing bought for it"
+
+
 # --- 7. the smaller deviations --------------------------------------------------------------------------------
 async def test_a_startup_job_ended_by_its_own_deadline_is_a_timeout() -> None:
     async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:

@@ -205,6 +205,15 @@ class Group(Verbs):
             marked_reason=ClaimReason.DELETED_BY_HAND if cv.marked else "",
         )
         s.book_claim(seed)
+        if (
+            cv.phase in ("", ClaimPhase.PENDING)
+            and not seed.marked_reason
+            and s.target_size() > s.max_size
+            and workflow.patched("hand-claims-within-max-size")
+        ):
+            # A hand-applied claim the group has no room for (maxSize reached) is cancelled before it buys a
+            # machine, as a DecreaseTargetSize would: the target never passes maxSize.
+            s.mark(s.claims[seed.name], ClaimReason.MAX_SIZE_REACHED)
 
     # --- claims ------------------------------------------------------------------------------------------
     def new_seed(self, book: SlotBook, call: str, phase: str = ClaimPhase.PENDING, reason: str = "") -> c.ClaimSeed:

@@ -47,6 +47,7 @@ NOT_BOOT_FAILURES: frozenset[ClaimReason] = frozenset(
     {
         ClaimReason.NODE_DELETED,
         ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE,
+        ClaimReason.MAX_SIZE_REACHED,
         ClaimReason.DELETED_BY_HAND,
         ClaimReason.ADOPTED,
     }
