@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -40,7 +39,7 @@ from typing import Any
 import grpc
 import yaml
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
@@ -49,6 +48,7 @@ from homelab_autoscaler.devserver import DevServer
 from homelab_autoscaler.temporal import DATA_CONVERTER
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
+from tests.lab import history_text
 from tests.procs import BIN, ROOT, free_port, port_open, wait_for
 
 NS = "homelab-autoscaler-system"
@@ -586,7 +586,7 @@ class Chaos:
         found = []
         markers = self.plan.markers
         for wf in await self.workflows():
-            text = _history_text(await self.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
+            text = history_text(await self.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
             found += [f"{what} in the history of {wf.id}" for what, m in markers.items() if m in text]
         for role in ROLES:
             text = (self.dir / f"{role}.log").read_text(errors="replace")
@@ -603,27 +603,6 @@ def _claim(name: str, slot: str, **extra: Any) -> dict[str, Any]:
         "spec": {"node": slot, "group": GROUP, "requestedAt": "2026-01-01T00:00:00Z", "call": "Manual"},
         **extra,
     }
-
-
-def _history_text(history: WorkflowHistory) -> str:
-    """A history as text, every payload's data decoded (the markers would hide in base64 otherwise)."""
-    decoded: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            data = node.get("data")
-            if isinstance(data, str) and "metadata" in node:
-                with contextlib.suppress(ValueError):
-                    decoded.append(base64.b64decode(data).decode("utf-8", "replace"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    raw = history.to_json()
-    walk(json.loads(raw))
-    return raw + "\n" + "\n".join(decoded)
 
 
 async def run(plan: Plan, workdir: Path | None = None) -> Report:
