@@ -1,7 +1,7 @@
 """A signal from one workflow to another that is not running yet is expected: one quiet line, no error look.
 
 The group sends a claim its first observation before the claim's workflow has started (the first scale-up);
-Temporal answers ExternalWorkflowExecutionNotFound. `workflows.verbs.signal_if_running` logs that at DEBUG.
+Temporal answers ExternalWorkflowExecutionNotFound. `workflows.handles.signal_if_running` logs that at DEBUG.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from api import contracts as c
 from tests import lab
-from workflows.verbs import signal_if_running
+from workflows.handles import signal_if_running
 
 
 @workflow.defn(sandboxed=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
 
@@ -18,10 +19,26 @@ async def signal_group(namespace: str, group: str, name: c.GroupSignal, arg: Any
     await workflow.get_external_workflow_handle(c.group_workflow_id(namespace, group)).signal(name, arg)
 
 
-async def signal_peer(workflow_id: str, name: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> None:
-    """Signal a claim or a release the group started: with no argument when the handler takes none."""
+#: The failure type of a signal to a workflow that is not running: not started yet, or ended.
+EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
+
+
+async def signal_if_running(workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> bool:
+    """Signal another workflow; False when it was not delivered, never raising.
+
+    A workflow that is not running yet (a claim booked in this task, started after its first observation) or
+    any more is expected, so that is one DEBUG line; anything else one INFO line. The commands are the same.
+    """
     handle = workflow.get_external_workflow_handle(workflow_id)
-    if arg is None:
-        await handle.signal(name)
-    else:
-        await handle.signal(name, arg)
+    try:
+        if arg is None:
+            await handle.signal(signal)
+        else:
+            await handle.signal(signal, arg)
+    except Exception as err:
+        if isinstance(err, ApplicationError) and err.type == EXTERNAL_NOT_FOUND:
+            workflow.logger.debug("signal %s to %s dropped: that workflow is not running", signal, workflow_id)
+        else:
+            workflow.logger.info("signal %s to %s not delivered: %s", signal, workflow_id, err)
+        return False
+    return True

@@ -64,31 +64,6 @@ def broken(err: ActivityError) -> Broken:
     return Broken("Unexpected", str(cause or err))
 
 
-#: The failure type of a signal to a workflow that is not running: not started yet, or ended.
-EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
-
-
-async def signal_if_running(workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> bool:
-    """Signal another workflow; False when it was not delivered, never raising.
-
-    A workflow that is not running yet (a claim booked in this task, started after its first observation) or
-    any more is expected, so that is one DEBUG line; anything else one INFO line. The commands are the same.
-    """
-    handle = workflow.get_external_workflow_handle(workflow_id)
-    try:
-        if arg is None:
-            await handle.signal(signal)
-        else:
-            await handle.signal(signal, arg)
-    except Exception as err:
-        if isinstance(err, ApplicationError) and err.type == EXTERNAL_NOT_FOUND:
-            workflow.logger.debug("signal %s to %s dropped: that workflow is not running", signal, workflow_id)
-        else:
-            workflow.logger.info("signal %s to %s not delivered: %s", signal, workflow_id, err)
-        return False
-    return True
-
-
 class Verbs:
     """Time, details, activities and waits; subclasses say which slot they watch and when a deadline applies."""
 

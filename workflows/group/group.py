@@ -31,8 +31,9 @@ from workflows import metrics
 from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
+from workflows.handles import signal_if_running
 from workflows.release import ReleaseWorkflow
-from workflows.verbs import Verbs, signal_if_running
+from workflows.verbs import Verbs
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
 # How long a deleted group waits for its claims to release their machines before it ends.
