@@ -181,6 +181,9 @@ class ClaimDigest:
     powered: bool = False  # its startup Job succeeded (or it took a machine already on): maybe on though unseen
     startup_job: str = ""  # a startup Job still running when the claim ended: a boot is reversed, not cut
     collected: bool = False  # the claim resource is already gone (cancelled, deleted by hand): nothing to collect
+    # The claim's last view of its machine, on its final report only: an observation the group holds that is
+    # newer (one sent on to the claim while it was ending) is what the claim never heard.
+    observation: Observation | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +340,8 @@ class ScaleRecord:
 class SlotReleased:
     slot: str
     machine_off: bool
+    # The release's last view of the machine: one the group holds that is newer is what the release never heard.
+    observation: Observation | None = None
 
 
 # Error types of the group's Updates (ApplicationError.type); the provider maps them to gRPC codes.

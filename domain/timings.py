@@ -47,6 +47,9 @@ class Timings:
     reload_interval: timedelta = timedelta(minutes=10)
     wind_down_timeout: timedelta = timedelta(hours=2)
     housekeeping_backoff: timedelta = timedelta(minutes=1)
+    # A slot's release refused because its previous run is still closing: the first wait before it is started
+    # again, doubling each time up to `reload_interval`.
+    release_restart_first: timedelta = timedelta(seconds=2)
     # Activity timeouts: a write (with its retries inside the workflow) and a read that feeds a poll.
     write_timeout: timedelta = timedelta(seconds=30)
     read_timeout: timedelta = timedelta(seconds=15)

@@ -481,6 +481,17 @@ class Model:
                 return f"slot {slot} still has an unsettled claim: {owners}"
             if (power == "on") != bool(owners):
                 return f"slot {slot}'s machine is {power} with live claims {owners}\n{await self.picture(slot)}"
+        # The group's books agree with what runs: a slot it holds busy with a release has one running.
+        books = (await self.lab.snapshot())["slots"]
+        for slot in SLOTS:
+            if books[slot]["releasing"]:
+                handle = self.lab.client.get_workflow_handle(c.release_workflow_id(NS, slot))
+                try:
+                    status = (await handle.describe()).status
+                except RPCError:
+                    status = None
+                if status != WorkflowExecutionStatus.RUNNING:
+                    return f"slot {slot} is held releasing with no release running\n{await self.picture(slot)}"
         return None
 
     async def picture(self, slot: str) -> str:

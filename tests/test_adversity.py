@@ -325,3 +325,41 @@ async def _target_is(lab: Lab, n: int) -> bool:
 def _last_scale(lab: Lab) -> str | None:
     group = lab.lab.call(lambda h: h.emulator.get_object(CRD, "groups", NS, "g"))
     return None if group is None else (group.get("status") or {}).get("lastScaleAction")
+
+
+# --- a law-3 release refused because the slot's previous release still runs is started again ------------------
+async def test_a_release_refused_while_an_older_one_runs_is_started_again_once_it_is_gone() -> None:
+    """The group books a release while a release of that slot still runs (one closing after it reported its end,
+    one left by a lost group run, or one someone terminates in the Web UI): Temporal refuses the second start.
+    The group starts it again, backing off, until it runs: the slot never stays "releasing" with nothing behind
+    it, and the machine is shut down. (Seen under load: an "on" arrived in the milliseconds between a release's
+    report and its close, and the slot stayed busy and the machine on for good.)
+    """
+    async with open_lab(homelab([slot("s1", initially_on=True, job_hangs=True)])) as lab:
+        seed_last_claim(lab, "s1", phase="completed", attempt=1)
+        rid = c.release_workflow_id(NS, "s1")
+        older = await lab.client.start_workflow(
+            c.WorkflowName.RELEASE, c.ReleaseSeed(NS, "s1", "g"), id=rid, task_queue=c.TASK_QUEUE
+        )
+
+        def release_jobs() -> list[str]:
+            return [j["metadata"]["name"] for j in lab.jobs("s1") if c.RELEASE_MARK in j["metadata"]["name"]]
+
+        await lab.until(release_jobs, within=MIN, what="the older release's shutdown Job (it hangs)")
+        await lab.start_group()
+
+        async def booked() -> bool:
+            return bool((await lab.snapshot())["slots"]["s1"]["releasing"])
+
+        await lab.until(booked, within=MIN, what="the group to book its own release of the machine it sees on")
+        await lab.advance(30)
+        await older.terminate("stopped by hand")
+        lab.lab.set_fault("s1", "job_hangs", False)
+        await lab.until(lambda: lab.lab.power("s1") == "off", within=15 * MIN, step=30, what="released by the group")
+        assert len(release_jobs()) == 2, "the older release's Job and the group's own"
+
+        async def settled() -> bool:
+            return not (await lab.snapshot())["slots"]["s1"]["releasing"]
+
+        await lab.until(settled, within=2 * MIN, what="the slot free of its release")
+        assert await lab.claim_names() == []

@@ -54,7 +54,10 @@ class Release(SlotVerbs):
         await workflow.wait_condition(workflow.all_handlers_finished)
         try:
             await signal_group(
-                seed.namespace, seed.group, c.GroupSignal.RELEASE_FINISHED, c.SlotReleased(seed.slot, off)
+                seed.namespace,
+                seed.group,
+                c.GroupSignal.RELEASE_FINISHED,
+                c.SlotReleased(seed.slot, off, self.observation),
             )
         except Exception as err:
             workflow.logger.info("could not tell group %s: %s", seed.group, err)

@@ -127,6 +127,7 @@ class ClaimState:
             powered=self.maybe_on and not self.power_on,
             startup_job=self.startup_job if self.startup_running else "",
             collected=self.resource_gone or self.collect_now,
+            observation=self.observation if workflow_done else None,
         )
 
     # --- writes ------------------------------------------------------------------------------------------

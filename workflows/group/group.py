@@ -44,6 +44,9 @@ HOUSEKEEPING_RETRY = RetryPolicy(
 )  # fmt: skip
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
+# An owner's end (a claim's final report, a release's) brings its last view of the machine, and a release whose
+# previous run is still closing is started again later: an "on" sent to an ending owner is never lost.
+OWNER_END_RECHECK = "owner-end-rechecks-power"
 
 
 def _outcome_heard(done: asyncio.Future[Any]) -> None:
@@ -108,7 +111,7 @@ class Group(Verbs):
         return (
             s.reload_requested
             or bool(s.inbox or s.to_start or s.outbox)
-            or any(b.release is not None for b in s.slots.values())
+            or any(b.release_due(self.now()) for b in s.slots.values())
             or self.housekeeping_due()
             or self.should_continue()
             or self.now() + self.next_wake() < self.waking_at  # something is due before the timer set
@@ -123,6 +126,7 @@ class Group(Verbs):
             wakes.append(max(due, self.housekeeping_at or due))
         if self.s.scale is not None and self.housekeeping_at is not None:
             wakes.append(self.housekeeping_at)
+        wakes += [b.release_after for b in self.s.slots.values() if b.release is not None and b.release_after]
         return max(min(wakes) - now, timedelta(seconds=1))
 
     def should_continue(self) -> bool:
@@ -246,7 +250,8 @@ class Group(Verbs):
         if starts:
             await asyncio.gather(*(self._start_claim(seed) for seed in starts))
         signals, s.outbox = s.outbox, []
-        releases = [b for b in s.slots.values() if b.release is not None]
+        now = self.now()
+        releases = [b for b in s.slots.values() if b.release_due(now)]
         if signals or releases:
             await asyncio.gather(*(self._signal(o) for o in signals), *(self._start_release(b) for b in releases))
 
@@ -278,8 +283,15 @@ class Group(Verbs):
                 static_summary=f"release slot {book.name} of group {self.s.name}: {why}",
             )
         except WorkflowAlreadyStartedError:
-            workflow.logger.info("a release of slot %s already runs", book.name)
+            if workflow.patched(OWNER_END_RECHECK):
+                book.release_refused(seed, self.now())
+                workflow.logger.info(
+                    "a release of slot %s still runs: starting again at %s", book.name, book.release_after
+                )
+            else:
+                workflow.logger.info("a release of slot %s already runs", book.name)
             return
+        book.release_started()
         handle.add_done_callback(_outcome_heard)
 
     async def _signal(self, out: Outgoing) -> None:
@@ -367,7 +379,8 @@ class Group(Verbs):
 
     # --- signals -----------------------------------------------------------------------------------------
     def claim_changed(self, digest: c.ClaimDigest) -> None:
-        self.s.remember(digest)
+        final = digest.workflow_done and digest.observation is not None
+        self.s.remember(digest, recheck_power=final and workflow.patched(OWNER_END_RECHECK))
         metrics.group_claims(self.s.namespace, self.s.name, self.s.phase_counts())  # a move wakes no loop pass
 
     def observe_slot(self, obs: c.SlotObservation) -> None:
@@ -380,8 +393,17 @@ class Group(Verbs):
     def release_finished(self, done: c.SlotReleased) -> None:
         """A release ended; one that could not power the machine off is tried again at the next reload."""
         book = self.s.slots.get(done.slot)
-        if book is not None:
+        if book is None:
+            return
+        if done.observation is not None and workflow.patched(OWNER_END_RECHECK):
+            if book.release is not None:  # a restart waits for the run that has just ended: it may start now
+                book.release_after = None
+                return
             book.releasing = False
+            if book.heard_on_after(done.observation) and not (book.live_claim or book.draining_claim):
+                self.s.inbox.append(c.SlotObservation(book.name, book.observation))
+            return
+        book.releasing = False
 
     # --- cluster-autoscaler's writes ---------------------------------------------------------------------
     async def _loaded(self) -> None:

@@ -92,6 +92,8 @@ class SlotBook:
     problem: str = ""  # the slot's spec cannot power its machine: no claim is placed on it
     attempts_reset_at: datetime | None = None
     release: c.ReleaseSeed | None = None  # a release booked, not yet started
+    release_after: datetime | None = None  # not before: its previous run of the same id is still closing
+    release_restarts: int = 0
 
     @property
     def ever_claimed(self) -> bool:
@@ -108,6 +110,22 @@ class SlotBook:
 
     def next_attempt(self) -> int:
         return claims.seed_attempt(self.last_outcome, self.attempts_reset_at)
+
+    def release_due(self, now: datetime) -> bool:
+        return self.release is not None and (self.release_after is None or self.release_after <= now)
+
+    def release_refused(self, seed: c.ReleaseSeed, now: datetime) -> None:
+        """The slot's previous release still runs (closing, or left by a lost run): start this one later."""
+        self.release, self.release_restarts = seed, self.release_restarts + 1
+        wait = TIMINGS.release_restart_first * 2 ** min(self.release_restarts - 1, 16)
+        self.release_after = now + min(wait, TIMINGS.reload_interval)
+
+    def release_started(self) -> None:
+        self.release_after, self.release_restarts = None, 0
+
+    def heard_on_after(self, seen: c.Observation | None) -> bool:
+        """The group holds a newer view than an owner's last (`seen`), and it shows the machine on."""
+        return seen is not None and self.exists and self.observation.power == "on" and seen.older_than(self.observation)
 
     def record_outcome(self, digest: c.ClaimDigest) -> None:
         """The slot's last outcome moves only forward in time: an older claim's late report never replaces it."""
@@ -213,8 +231,12 @@ class GroupState:
             c.claim_workflow_id(self.namespace, digest.name), c.ClaimSignal.MARK_FOR_DELETION, c.MarkRequest(reason)
         )
 
-    def remember(self, digest: c.ClaimDigest) -> None:
-        """Fold a claim's report into the slot books (the claim workflow is the authority on its phase)."""
+    def remember(self, digest: c.ClaimDigest, *, recheck_power: bool = False) -> None:
+        """Fold a claim's report into the slot books (the claim workflow is the authority on its phase).
+
+        With `recheck_power`, a claim's final report also brings its last view of the machine: the newer of it and
+        the group's is kept, and a machine the group saw on after the claim last looked is released by law 3.
+        """
         slot = self.slots.get(digest.slot)
         held = self.claims.get(digest.name)
         if held is not None and held.marked and not digest.marked:
@@ -249,6 +271,11 @@ class GroupState:
                 slot.draining_claim = ""
         elif digest.workflow_done and not digest.hand_over and (not digest.machine_off or digest.startup_job):
             self.book_release(slot, digest)
+        elif recheck_power and digest.workflow_done and not digest.hand_over:
+            if slot.heard_on_after(digest.observation) and not (slot.live_claim or slot.draining_claim):
+                self.book_release(slot)
+            elif digest.observation is not None:
+                slot.observation = digest.observation.replacing(slot.observation)[0]
 
     def _newer(self, digest: c.ClaimDigest, other: str) -> bool:
         held = self.claims.get(other)
