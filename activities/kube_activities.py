@@ -103,6 +103,7 @@ class KubeActivities:
         return [
             self.record_scale,
             self.create_claim,
+            self.create_claim_held,
             self.record_claim,
             self.add_claim_finalizer,
             self.release_claim,
@@ -143,10 +144,22 @@ class KubeActivities:
         """Create the NodeClaim resource, owned by its slot (deleting a slot takes its claims), stamp its first
         status (its phase, attempt and reason) and publish ClaimCreated; a retry finds it and writes nothing new.
         """
+        self._create_claim(seed, held=False)
+
+    @activity.defn(name=c.Act.CREATE_CLAIM_HELD)
+    def create_claim_held(self, seed: c.ClaimSeed) -> None:
+        """As `create_claim`, with the finalizer in the create: the claim is held from its first write, so its
+        workflow needs no separate finalizer write (and a claim deleted by hand waits for its workflow).
+        """
+        self._create_claim(seed, held=True)
+
+    def _create_claim(self, seed: c.ClaimSeed, *, held: bool) -> None:
         what = f"create claim {seed.namespace}/{seed.name}"
         slot = self._slot(seed.namespace, seed.slot)
         try:
             claim = self._claim_of(seed, str(_meta(slot).get("uid") or ""))
+            if held:
+                claim.metadata.finalizers = [names.FINALIZER_CLAIM]
         except (ValidationError, ValueError) as exc:
             raise _fail(Failure.CLAIM_REFUSED, f"{what}: the seed does not make a valid claim: {exc}") from exc
         try:

@@ -368,6 +368,7 @@ class Act:
     """Activity names: workflows call activities by name, so no Kubernetes code is imported into a workflow."""
 
     CREATE_CLAIM = "create_claim"
+    CREATE_CLAIM_HELD = "create_claim_held"  # created with its finalizer: one write, no separate commit
     RECORD_CLAIM = "record_claim"
     ADD_FINALIZER = "add_claim_finalizer"
     RELEASE_CLAIM = "release_claim"

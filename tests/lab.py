@@ -154,17 +154,24 @@ class Lab:
         """Move workflow time on (timers fire; running activities hold the clock until they finish).
 
         A long skip on a loaded machine sometimes loses its connection to the test server ("h2 protocol
-        error"): the client reconnects, and the skip is asked for once more.
+        error") or outlives the call's deadline while an activity holds the clock ("Timeout expired"): the skip
+        is asked for again, for what is left of it (a bounded number of times).
         """
         if self.settle_after_skip:
             await self.in_flight.quiet()
-        try:
-            await self.env.sleep(seconds)
-        except RPCError as err:
-            if "h2 protocol error" not in err.message:
-                raise
+        start = await self.env.get_current_time()
+        left = seconds
+        for attempt in range(4):
+            try:
+                await self.env.sleep(left)
+                break
+            except RPCError as err:
+                if attempt == 3 or not any(m in err.message for m in ("h2 protocol error", "Timeout expired")):
+                    raise
             await asyncio.sleep(0.5)
-            await self.env.sleep(seconds)
+            left = seconds - (await self.env.get_current_time() - start).total_seconds()
+            if left <= 0:
+                break
         if self.settle_after_skip:
             await asyncio.sleep(self.settle_after_skip)
             await self.in_flight.quiet()

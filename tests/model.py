@@ -484,6 +484,13 @@ class Model:
         # The group's books agree with what runs: a slot it holds busy with a release has one running.
         books = (await self.lab.snapshot())["slots"]
         for slot in SLOTS:
+            live = {
+                n for n, st in claims.items() if st["slot"] == slot and st["phase"] in ("pending", "booting", "ready")
+            }
+            if books[slot]["liveClaim"] and books[slot]["liveClaim"] not in live:
+                return f"the group holds {books[slot]['liveClaim']} live on slot {slot}, its workflow does not\n" + (
+                    await self.picture(slot)
+                )
             if books[slot]["releasing"]:
                 handle = self.lab.client.get_workflow_handle(c.release_workflow_id(NS, slot))
                 try:

@@ -31,6 +31,8 @@ from tests.lab import (
     slot,
     slot_free,
 )
+from watchers.main import Watchers
+from watchers.signals import Signals
 from workflows.group.workflow import GroupWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,6 +170,34 @@ async def test_a_cancel_during_job_creation_retries_wins() -> None:
         await lab.advance(10 * MIN)
         assert lab.jobs("s1") == [] and lab.lab.power("s1") == "off"
         assert lab.claim_resource(name) is None
+
+
+async def test_a_pending_claim_deleted_by_hand_is_held_until_its_workflow_lets_it_go() -> None:
+    """A claim the group creates holds its finalizer from its first write: `kubectl delete` of a pending claim
+    (its startup Job refused meanwhile) only marks it; the workflow cancels it, buys nothing, and lets it go.
+    """
+    async with open_lab(homelab([slot("s1")])) as lab:
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        try:
+            fault = jobs_refused()
+            lab.lab.emulator.faults.append(fault)
+            name = await one_claim(lab)
+            res = await lab.until(lambda: lab.claim_resource(name), within=MIN, what="the claim resource")
+            assert res["metadata"]["finalizers"], "held from its creation"
+            await lab.advance(20)
+            assert lab.kube.delete_claim(NS, name)  # what `kubectl delete nodeclaim` sends
+            res = lab.claim_resource(name)
+            assert res is not None and res["metadata"].get("deletionTimestamp"), "the finalizer holds it"
+            await watchers.pump()
+            st = await lab.wait_phase(name, "completed", within=2 * MIN)
+            assert st["reason"] == "DeletedByHand", st
+            lab.lab.emulator.faults.remove(fault)
+            await lab.advance(10 * MIN)
+            assert lab.claim_resource(name) is None
+            assert lab.jobs("s1") == [] and lab.lab.power("s1") == "off"
+            assert await slot_free(lab, "s1")
+        finally:
+            watchers.close()
 
 
 # --- 4. one dead machine never stalls a group ---------------------------------------------------------------

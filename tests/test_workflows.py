@@ -6,6 +6,8 @@ that a lost signal only costs latency.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowUpdateFailedError
@@ -256,10 +258,23 @@ async def test_scale_down_of_a_ready_claim() -> None:
         node = lab.node("s1")
         assert node is not None and node["spec"].get("unschedulable") is True
         assert sorted(j["metadata"]["labels"]["type"] for j in lab.jobs("s1")) == ["shutdown", "startup"]
-        # `kubectl describe nodeclaim` shows where the scale-down began: one Event before the cordon and the Job
-        reasons = [e["reason"] for e in lab.events(name)]
+        # `kubectl describe nodeclaim` shows where the scale-down began: one Event, with its node and its Job
+        events = lab.events(name)
+        reasons = [e["reason"] for e in events]
         assert reasons.count("ScaleDownStarted") == 1, reasons
         assert reasons.index("ClaimReady") < reasons.index("ScaleDownStarted") < reasons.index("ClaimCompleted")
+        (started,) = [e["message"] for e in events if e["reason"] == "ScaleDownStarted"]
+        assert f"{name}-shutdown" in started and "cordoned" in started, started
+        # The write budget of a lifecycle: the claim is created holding its finalizer (no separate write), and
+        # it records its status once per move, once when marked, and once with its shutdown Job.
+        history = await lab.claim(name).fetch_history()
+        acts = Counter(
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        )
+        assert acts[c.Act.CREATE_CLAIM_HELD] == 1 and acts[c.Act.ADD_FINALIZER] == 0, acts
+        assert acts[c.Act.RECORD_CLAIM] == 5 and acts[c.Act.CREATE_JOB] == 2 and acts[c.Act.CORDON] == 1, acts
         await lab.record("scale_down_ready")
 
 

@@ -112,8 +112,10 @@ class Release(SlotVerbs):
     def claim_name(self) -> str:
         return ""  # a law-3 shutdown is owned by the slot alone
 
-    async def on_attempt(self, job: str) -> None:
+    async def on_attempt(self, job: str, started: str = "") -> None:
         self.details(f"shutdown Job {job}, attempt {self._book.attempts}")
+        if started:
+            await self.on_event(EventReason.SCALE_DOWN_STARTED, started, False)
 
     async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
         try:

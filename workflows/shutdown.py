@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from temporalio import workflow
+
 from api import contracts as c
 from api.names import (
     JOB_TIMEOUT,
@@ -38,6 +40,9 @@ JOB_OUTCOME_TIMEOUT = "timeout"
 JOB_OUTCOME_INTERRUPTED = "interrupted"  # the host stopped waiting (superseded, aborted): the Job's end is unknown
 # The Job controller's reason for a Job its own activeDeadlineSeconds ended: a timeout, not a failure.
 JOB_DEADLINE_REASON = "DeadlineExceeded"
+# ScaleDownStarted is published with the first shutdown Job's record (one write, one activity), not before the
+# cordon on its own.
+STARTED_WITH_JOB = "scale-down-started-with-its-job"
 
 SHUTDOWN_EVENTS: dict[str, EventReason] = {
     JOB_OUTCOME_SUCCEEDED: EventReason.SHUTDOWN_NOT_OBSERVED,
@@ -121,7 +126,9 @@ class ShutdownHost(Protocol):
 
     async def wait(self, done: Callable[[], bool], timeout: timedelta | None, summary: str) -> bool: ...
 
-    async def on_attempt(self, job: str) -> None: ...
+    async def on_attempt(self, job: str, started: str = "") -> None:
+        """A shutdown Job was created; `started` (first attempt only) is the ScaleDownStarted message to publish."""
+        ...
 
     async def on_event(self, reason: EventReason, message: str, warning: bool) -> None: ...
 
@@ -217,7 +224,9 @@ async def shut_down(host: ShutdownHost) -> bool:
             await _pause(host)
             continue
         host.details("cordoning the node")
-        if book.attempts == 0:
+        first = book.attempts == 0
+        with_job = first and workflow.patched(STARTED_WITH_JOB)
+        if first and not with_job:
             await host.on_event(
                 EventReason.SCALE_DOWN_STARTED, f"cordoning the node of slot {slot.slot}, then a shutdown Job", False
             )
@@ -245,7 +254,7 @@ async def shut_down(host: ShutdownHost) -> bool:
             return False
         after = claims.after_shutdown_job(book.streak(), host.now())
         book.attempts, book.last_attempt_at = after.attempts, after.last_attempt_at
-        await host.on_attempt(job)
+        await host.on_attempt(job, f"cordoned the node of slot {slot.slot}; shutdown Job {job}" if with_job else "")
         outcome = await monitor_job(host, job, JobType.SHUTDOWN)
         if outcome == JOB_OUTCOME_INTERRUPTED:
             return False

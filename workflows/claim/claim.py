@@ -27,6 +27,10 @@ from workflows.claim.runtime import ClaimRuntime, failure_reason
 from workflows.claim.state import ClaimState
 from workflows.verbs import Broken, Deadline
 
+# A claim the group creates carries its finalizer from its first write (`create_claim_held`), so it needs no
+# separate finalizer write before its startup Job; a claim taken over or adopted still adds it.
+CREATED_HELD = "claim-created-with-finalizer"
+
 
 class Claim(ClaimRuntime):
     def __init__(self, seed: c.ClaimSeed, carried: ClaimState | None = None) -> None:
@@ -82,15 +86,18 @@ class Claim(ClaimRuntime):
         self.search_attributes()
         self.details("created")
         if seed.create_resource:
+            held = workflow.patched(CREATED_HELD)
+            act = c.Act.CREATE_CLAIM_HELD if held else c.Act.CREATE_CLAIM
             try:
-                await self.write(c.Act.CREATE_CLAIM, seed, f"create claim {seed.name}")
+                await self.write(act, seed, f"create claim {seed.name}")
             except Broken as err:  # the API server refuses the claim itself: nothing can be recorded on it
                 s.resource_gone = True
                 s.abandoned, s.abandoned_message = ClaimReason.CLAIM_REFUSED, err.message
                 return
+            s.finalizer = held
         else:
             await self.project(summary=f"take over claim {seed.name}")
-        if s.phase in (ClaimPhase.BOOTING, ClaimPhase.READY) and not s.resource_gone:
+        if s.phase in (ClaimPhase.BOOTING, ClaimPhase.READY) and not s.resource_gone and not s.finalizer:
             # Already committed to a machine (adopted, or taken over mid-boot): the finalizer holds the claim until
             # that machine is verified off, as a boot's would.
             await self.write(c.Act.ADD_FINALIZER, self.claim_ref(), f"add the finalizer to claim {seed.name}")

@@ -32,11 +32,12 @@ async def launch(rt: ClaimRuntime) -> None:
         return s.marked or bool(s.abandoned)
 
     rt.details("committing the machine: finalizer, then the startup Job")
-    ref = rt.claim_ref()
-    if not await rt.buy(c.Act.ADD_FINALIZER, ref, f"add the finalizer to claim {seed.name}", stop=stop):
-        await _not_bought(rt)
-        return
-    s.finalizer = True
+    if not s.finalizer:  # a claim the group created has held it since its creation
+        ref = rt.claim_ref()
+        if not await rt.buy(c.Act.ADD_FINALIZER, ref, f"add the finalizer to claim {seed.name}", stop=stop):
+            await _not_bought(rt)
+            return
+        s.finalizer = True
     if stop():
         await _not_bought(rt)
         return

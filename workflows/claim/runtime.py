@@ -227,10 +227,9 @@ class ClaimRuntime(SlotVerbs):
         """The owner of its shutdown Jobs: the claim, or the slot alone once the claim resource is gone."""
         return "" if self.s.resource_gone else self.s.seed.name
 
-    async def on_attempt(self, job: str) -> None:
-        await self.project(
-            summary=f"record shutdown attempt {self.s.book.attempts} ({job}) on claim {self.s.seed.name}"
-        )
+    async def on_attempt(self, job: str, started: str = "") -> None:
+        summary = f"record shutdown attempt {self.s.book.attempts} ({job}) on claim {self.s.seed.name}"
+        await self.project(EventReason.SCALE_DOWN_STARTED if started else None, started, summary=summary)
 
     async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
         await self.project(reason, message, warning=warning, summary=f"record {reason} on claim {self.s.seed.name}")

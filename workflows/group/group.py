@@ -47,6 +47,8 @@ KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 # An owner's end (a claim's final report, a release's) brings its last view of the machine, and a release whose
 # previous run is still closing is started again later: an "on" sent to an ending owner is never lost.
 OWNER_END_RECHECK = "owner-end-rechecks-power"
+# A reload that read a claim's resource before its workflow's last writes never takes that claim over again.
+ENDED_NOT_TAKEN_OVER = "ended-claims-not-taken-over"
 
 
 def _outcome_heard(done: asyncio.Future[Any]) -> None:
@@ -183,6 +185,8 @@ class Group(Verbs):
         book = s.slots[cv.slot]
         if cv.name in s.collect:
             return  # it ended here already; its resource may still show the phase before its last projection
+        if cv.name in s.ended and workflow.patched(ENDED_NOT_TAKEN_OVER):
+            return  # its workflow has ended; the read predates its last writes (a cancel's delete, a finalizer)
         if law.is_terminal(cv.phase):
             ended = cv.finished_at or cv.requested_at or self.now()
             s.collect[cv.name] = ended + timedelta(seconds=cv.ttl_seconds)
@@ -381,6 +385,8 @@ class Group(Verbs):
     def claim_changed(self, digest: c.ClaimDigest) -> None:
         final = digest.workflow_done and digest.observation is not None
         self.s.remember(digest, recheck_power=final and workflow.patched(OWNER_END_RECHECK))
+        if digest.workflow_done:
+            self.s.ended[digest.name] = self.now()
         metrics.group_claims(self.s.namespace, self.s.name, self.s.phase_counts())  # a move wakes no loop pass
 
     def observe_slot(self, obs: c.SlotObservation) -> None:

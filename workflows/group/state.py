@@ -166,6 +166,9 @@ class GroupState:
     outbox: list[Outgoing] = field(default_factory=list)
     collect: dict[str, datetime] = field(default_factory=dict)  # terminal claim -> when its resource is collected
     scale: c.ScaleRecord | None = None  # the last size change, not yet written to Group.status
+    # Claims whose workflow sent its final report, and when: a reload read before that may still list the
+    # resource (not yet projected, collected or let go), and such a claim is never taken over again.
+    ended: dict[str, datetime] = field(default_factory=dict)
 
     # --- derived -----------------------------------------------------------------------------------------
     def target_size(self) -> int:
@@ -318,6 +321,8 @@ class GroupState:
         self.failures = [
             f for f in self.failures if f.finished_at is None or now - f.finished_at < TIMINGS.failure_memory
         ]
+        # A read outlives no reload interval (its activity's timeouts are far shorter).
+        self.ended = {name: at for name, at in self.ended.items() if now - at < TIMINGS.reload_interval}
 
     def instances(self) -> list[c.Instance]:
         """Every slot with a live claim, a drain, a release or a machine on, as cluster-autoscaler sees it."""
