@@ -526,6 +526,12 @@ class Model:
 
     async def check_no_failed_tasks(self) -> None:
         """No workflow task of any workflow here ever failed (a failing task is a workflow stuck on bad data)."""
+        failed = await self.failed_task()
+        if failed:
+            raise self.violation(failed)
+
+    async def failed_task(self) -> str | None:
+        """The first failed workflow task of any workflow here, with its workflow's id; None when there is none."""
         ids = [c.group_workflow_id(NS, "g")]
         ids += [c.claim_workflow_id(NS, n) for n in sorted(self.claims)]
         ids += [c.release_workflow_id(NS, s) for s in SLOTS]
@@ -541,9 +547,8 @@ class Model:
                 and e.workflow_task_failed_event_attributes.cause not in BENIGN_TASK_FAILURES
             ]
             if failed:
-                raise self.violation(
-                    f"{wid}: a workflow task failed: {failed[0].workflow_task_failed_event_attributes}"
-                )
+                return f"{wid}: a workflow task failed: {failed[0].workflow_task_failed_event_attributes}"
+        return None
 
 
 def _matching(plural: str, verb: str) -> Callable[[RequestInfo], bool]:
@@ -565,6 +570,15 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+async def _failing(model: Model) -> str:
+    """A workflow task failing on every try explains a Query or a wait that timed out better than the timeout."""
+    try:
+        found = await asyncio.wait_for(model.failed_task(), 60)
+    except Exception as err:  # the report is a diagnosis: its own failure must not hide the example's
+        return f"\n(the histories could not be read for failed workflow tasks: {err!r})"
+    return f"\nbecause {found}" if found else ""
+
+
 async def run_example(seed: int, steps: int) -> Counter[str]:
     """One example: a fresh homelab, `steps` random steps from `seed`, then the quiet check; the steps' tally."""
     rng = random.Random(seed)
@@ -584,9 +598,9 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
         try:
             await model.run(steps)
         except Violation as err:
-            raise Violation(f"seed {seed}: {err}") from None
+            raise Violation(f"seed {seed}: {err}{await _failing(model)}") from None
         except Exception as err:  # anything else is a failure of the system too: say where the driver was
-            raise model.violation(f"seed {seed}: {err!r}") from err
+            raise model.violation(f"seed {seed}: {err!r}{await _failing(model)}") from err
         finally:
             watchers.close()
         return model.stats

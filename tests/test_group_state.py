@@ -76,3 +76,21 @@ def test_a_refused_release_waits_doubling_up_to_the_reload_interval() -> None:
     assert book.release_due(T0 + TIMINGS.reload_interval)
     book.release_started()
     assert book.release_after is None and book.release_restarts == 0
+
+
+def test_a_taken_over_claim_a_newer_live_claim_outranks_is_started_and_superseded() -> None:
+    """Its resource exists: dropped as never started, it stayed pending with no workflow (seed 3816984121)."""
+    s = state_with_slot(seen("on", 10))
+    s.remember(final(None, name="s1-new", phase="ready", requested_at=T0 + timedelta(minutes=5), workflow_done=False))
+    seed = c.ClaimSeed(
+        namespace="ns", name="by-hand", slot="s1", group="g", call="Manual", attempt=1, requested_at=T0,
+        deadline_at=None, max_provision_seconds=600, ttl_seconds=60, create_resource=False,
+    )  # fmt: skip
+    s.book_claim(seed)
+    assert "by-hand" not in s.claims and seed not in s.to_start, "booking alone drops the older claim"
+    s.start_superseded(seed)
+    assert seed in s.to_start and s.claims["by-hand"].reason == "Superseded"
+    assert [(o.signal, o.arg) for o in s.outbox] == [(c.ClaimSignal.SUPERSEDED, "s1-new")]
+    s.remember(final(None, name="by-hand", phase="pending", requested_at=T0, workflow_done=False))
+    assert s.claims["by-hand"].reason == "Superseded", "a report sent before it heard changes nothing"
+    assert s.slots["s1"].live_claim == "s1-new" and s.target_size() == 1

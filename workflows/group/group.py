@@ -49,6 +49,9 @@ KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 OWNER_END_RECHECK = "owner-end-rechecks-power"
 # A reload that read a claim's resource before its workflow's last writes never takes that claim over again.
 ENDED_NOT_TAKEN_OVER = "ended-claims-not-taken-over"
+# A taken-over claim outranked at once by a newer live claim on its slot is started and superseded (was: dropped as
+# never started, its resource left pending with no workflow; at maxSize the group's task failed on a KeyError).
+TAKEN_OVER_SUPERSEDED = "taken-over-claims-superseded"
 
 
 def _outcome_heard(done: asyncio.Future[Any]) -> None:
@@ -214,6 +217,10 @@ class Group(Verbs):
             marked_reason=ClaimReason.DELETED_BY_HAND if cv.marked else "",
         )
         s.book_claim(seed)
+        if seed.name not in s.claims:  # a newer live claim holds its slot: booking dropped it as never started
+            if workflow.patched(TAKEN_OVER_SUPERSEDED):
+                s.start_superseded(seed)
+            return
         if (
             cv.phase in ("", ClaimPhase.PENDING)
             and not seed.marked_reason

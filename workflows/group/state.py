@@ -137,6 +137,24 @@ class SlotBook:
 EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
+def _booked(seed: c.ClaimSeed) -> c.ClaimDigest:
+    """What the group knows of a claim it has just decided, before its workflow reports."""
+    return c.ClaimDigest(
+        name=seed.name,
+        slot=seed.slot,
+        group=seed.group,
+        phase=seed.phase,
+        attempt=seed.attempt,
+        call=seed.call,
+        reason=seed.reason,
+        marked=bool(seed.marked_reason),
+        requested_at=seed.requested_at,
+        deadline_at=seed.deadline_at,
+        generation=3,
+        ttl_seconds=seed.ttl_seconds,
+    )
+
+
 def _order(d: c.ClaimDigest) -> tuple[datetime, str]:
     """Newest last: by requestedAt, then name (the one-live-claim rule's order)."""
     return (d.requested_at or EPOCH, d.name)
@@ -204,22 +222,17 @@ class GroupState:
     def book_claim(self, seed: c.ClaimSeed) -> None:
         """A claim counts from the moment it is decided: the target, the slot and the outbox all see it now."""
         self.to_start.append(seed)
-        self.remember(
-            c.ClaimDigest(
-                name=seed.name,
-                slot=seed.slot,
-                group=seed.group,
-                phase=seed.phase,
-                attempt=seed.attempt,
-                call=seed.call,
-                reason=seed.reason,
-                marked=bool(seed.marked_reason),
-                requested_at=seed.requested_at,
-                deadline_at=seed.deadline_at,
-                generation=3,
-                ttl_seconds=seed.ttl_seconds,
-            )
-        )
+        self.remember(_booked(seed))
+
+    def start_superseded(self, seed: c.ClaimSeed) -> None:
+        """A taken-over claim that a newer live claim on its slot outranks at once: its resource exists, so unlike
+        a claim only the group knew of it is started and told it is superseded, and its workflow ends it (the
+        resource is then collected by its TTL) instead of leaving it pending with no workflow behind it.
+        """
+        newest = self.slots[seed.slot].live_claim
+        self.to_start.append(seed)
+        self.claims[seed.name] = replace(_booked(seed), phase=ClaimPhase.FAILED, reason=ClaimReason.SUPERSEDED)
+        self.send(c.claim_workflow_id(self.namespace, seed.name), c.ClaimSignal.SUPERSEDED, newest)
 
     def mark(self, digest: c.ClaimDigest, reason: ClaimReason) -> None:
         """Book a scale-down of a live claim: it leaves the target now; its workflow hears it next (or starts
