@@ -77,6 +77,48 @@ def determinism_violations(source: str, filename: str = "<string>") -> list[str]
             name = recv.id if isinstance(recv, ast.Name) else recv.attr if isinstance(recv, ast.Attribute) else ""
             if name in CLOCK_RECEIVERS and node.func.attr in CLOCK_METHODS:
                 found.append(f"{filename}:{node.lineno}: wall clock {name}.{node.func.attr}()")
+    return found + module_state_violations(source, filename)
+
+
+# The workflows' helper modules pass through the sandbox (homelab_autoscaler.temporal.PASSTHROUGH): one copy serves
+# every workflow, so no function may change a module-level name (a table, a counter) or rebind one.
+STATE_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "popitem", "clear", "remove", "sort", "reverse", "update", "add",
+     "discard", "setdefault", "__setitem__", "__delitem__"}
+)  # fmt: skip
+
+
+def module_state_violations(source: str, filename: str = "<string>") -> list[str]:
+    """Module-level names a function changes: `global`, mutating calls, item or attribute writes, `+=`."""
+    tree = ast.parse(source, filename)
+    names: set[str] = set()
+    for stmt in tree.body:
+        targets = (
+            stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        )
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    found: list[str] = []
+
+    def root(expr: ast.expr) -> str:
+        while isinstance(expr, ast.Attribute | ast.Subscript):
+            expr = expr.value
+        return expr.id if isinstance(expr, ast.Name) else ""
+
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            where = f"{filename}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Global):
+                found.append(f"{where}: global {', '.join(node.names)}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in STATE_MUTATORS and root(node.func.value) in names:
+                    found.append(f"{where}: {root(node.func.value)}.{node.func.attr}() changes module state")
+            elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+                targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Attribute | ast.Subscript) and root(t) in names:
+                        found.append(f"{where}: writes into module-level {root(t)}")
     return found
 
 
@@ -94,6 +136,13 @@ def test_workflows_are_deterministic() -> None:
     assert violations == []
 
 
+def test_the_modules_passed_through_the_sandbox_keep_no_state() -> None:
+    """api and domain pass through the sandbox as well: one copy for every workflow, so nothing in them changes."""
+    files = list(_py_files("api", "domain"))
+    assert files
+    assert [v for p in files for v in module_state_violations(p.read_text(), str(p.relative_to(ROOT)))] == []
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -108,6 +157,11 @@ def test_workflows_are_deterministic() -> None:
         "from datetime import datetime\nx = datetime.now()",
         "import datetime\nx = datetime.datetime.utcnow()",
         "from datetime import date\nx = date.today()",
+        "SEEN = []\ndef f(x):\n    SEEN.append(x)",
+        "TABLE = {}\nasync def f(k):\n    TABLE[k] = 1",
+        "COUNT = 0\ndef f():\n    global COUNT\n    COUNT += 1",
+        "CACHE: dict[str, int] = {}\ndef f():\n    CACHE.setdefault('a', 1)",
+        "BOOK = {'a': []}\ndef f():\n    BOOK['a'].append(1)",
     ],
 )
 def test_determinism_checker_catches(bad: str) -> None:
@@ -122,6 +176,9 @@ def test_determinism_checker_catches(bad: str) -> None:
         "from temporalio import workflow\nx = workflow.now()",
         "from api.names import ClaimPhase",
         "import dataclasses",
+        "TABLE = {'a': 1}\ndef f(k):\n    return TABLE[k]",
+        "def f():\n    seen = []\n    seen.append(1)\n    return seen",
+        "class A:\n    def f(self):\n        self.items.append(1)",
     ],
 )
 def test_determinism_checker_allows(good: str) -> None:

@@ -1,6 +1,6 @@
-"""Everything deterministic: the input law, legal claim moves, deadlines and attempts, the node state machine,
-the slot history ring, and the workflows built on them.
+"""The Temporal workflows: a group's size and its slots, each claim's lifecycle, law-3 releases.
 
-No I/O and no clocks live here (time is always an argument), so the same code runs inside Temporal
-workflows, in the watchers' report writer, and in plain unit tests; tests/test_hygiene.py enforces it.
+Workflow code only: no I/O and no clocks (time comes from `workflow.now()`), decisions from `domain`, every side
+effect an activity named in `api.contracts.Act`. The helper modules pass through the sandbox (one copy per process),
+so none keeps module state: tests/test_hygiene.py enforces both.
 """
