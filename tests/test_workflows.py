@@ -170,6 +170,25 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
         await lab.record("attempt_limit")
 
 
+async def test_a_hand_applied_claim_older_than_its_slots_live_claim_is_superseded_not_left_pending() -> None:
+    """Found by the model (seed 3816984121): a claim taken over on a slot a newer live claim holds was dropped as
+    never started (its resource stayed pending with no workflow), and at maxSize the group's task failed on it."""
+    async with open_lab(homelab([slot("s1"), slot("s2")], maxSize=1)) as lab:
+        await lab.start_group()
+        assert await lab.increase(1) == 1
+        (live,) = await lab.claim_names()
+        await lab.wait_phase(live, "ready", within=3 * MIN)
+        slot_name = (lab.claim_resource(live) or {})["spec"]["node"]
+        apply_claim(lab, "older", slot_name, requestedAt="2020-01-01T00:00:00Z")
+        await lab.group().signal(GroupWorkflow.refresh)
+        st = await lab.wait_phase("older", "failed", within=MIN, step=5)
+        assert st["reason"] == "Superseded"
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 1 and snap["slots"][slot_name]["liveClaim"] == live
+        assert await lab.phase(live) == "ready"
+        await lab.record("taken_over_superseded")
+
+
 async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bought() -> None:
     async with open_lab(homelab([slot("s1")])) as lab:
         seed_last_claim(lab, "s1", phase="failed", attempt=TIMINGS.max_consecutive_attempts)
