@@ -23,9 +23,10 @@ from temporalio.client import (
     RPCTimeoutOrCancelledError,
     WorkflowHandle,
     WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import QueryRejectCondition, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -149,24 +150,37 @@ class GroupGateway:
 
     # --- reads --------------------------------------------------------------------------------------------
     async def target_size(self, ref: c.GroupRef, timeout: float) -> int:
-        started = time.monotonic()
-        handle = await self.ensure(ref, timeout)
-        size: int = await self._query(ref, handle, c.GroupQuery.TARGET_SIZE, int, _left(started, timeout))
+        size: int = await self._read(ref, c.GroupQuery.TARGET_SIZE, int, timeout)
         return size
 
     async def instances(self, ref: c.GroupRef, timeout: float) -> list[c.Instance]:
-        started = time.monotonic()
-        handle = await self.ensure(ref, timeout)
-        found: list[c.Instance] = await self._query(
-            ref, handle, c.GroupQuery.INSTANCES, list[c.Instance], _left(started, timeout)
-        )
+        found: list[c.Instance] = await self._read(ref, c.GroupQuery.INSTANCES, list[c.Instance], timeout)
         return found
 
     async def snapshot(self, ref: c.GroupRef, timeout: float) -> dict[str, Any]:
-        started = time.monotonic()
-        handle = await self.ensure(ref, timeout)
-        snap: dict[str, Any] = await self._query(ref, handle, c.GroupQuery.SNAPSHOT, dict, _left(started, timeout))
+        snap: dict[str, Any] = await self._read(ref, c.GroupQuery.SNAPSHOT, dict, timeout)
         return snap
+
+    async def _read(self, ref: c.GroupRef, name: c.GroupQuery, kind: Any, timeout: float) -> Any:
+        """A Query of the group workflow, made sure of first unless this process has seen it loaded.
+
+        A workflow seen loaded is asked at once, on the condition that it is still open: one round trip for the
+        first read of a loop instead of a start and a Query. One that has closed since (its Group deleted and made
+        again) refuses the Query; only then is it started again and asked.
+        """
+        started = time.monotonic()
+        wid = c.group_workflow_id(ref.namespace, ref.group)
+        if wid in self._ready and wid not in self._ensured:
+            handle = self.client.get_workflow_handle(wid)
+            try:
+                answer = await self._query(ref, handle, name, kind, timeout, open_only=True)
+            except _Closed:
+                self.forget(ref)
+            else:
+                self._ensured.add(wid)
+                return answer
+        handle = await self.ensure(ref, _left(started, timeout))
+        return await self._query(ref, handle, name, kind, _left(started, timeout))
 
     # --- writes -------------------------------------------------------------------------------------------
     async def update(self, ref: c.GroupRef, name: c.GroupUpdate, arg: Any, timeout: float) -> int:
@@ -197,18 +211,42 @@ class GroupGateway:
 
     # --- plumbing -----------------------------------------------------------------------------------------
     async def _query(
-        self, ref: c.GroupRef, handle: WorkflowHandle[Any, Any], name: c.GroupQuery, kind: Any, timeout: float
+        self,
+        ref: c.GroupRef,
+        handle: WorkflowHandle[Any, Any],
+        name: c.GroupQuery,
+        kind: Any,
+        timeout: float,
+        *,
+        open_only: bool = False,
     ) -> Any:
+        """Ask the workflow (or reuse this loop's answer); with `open_only`, a closed or unknown workflow raises
+        `_Closed` instead of answering from its last state."""
         key = (handle.id, str(name))
         held = self._answers.get(key)
         if held is not None and self.clock() - held[0] < self.reuse_seconds:
             return held[1]
 
         async def ask() -> Any:
-            return await handle.query(name, result_type=kind, rpc_timeout=timedelta(seconds=timeout))
+            return await handle.query(
+                name,
+                result_type=kind,
+                reject_condition=QueryRejectCondition.NOT_OPEN if open_only else None,
+                rpc_timeout=timedelta(seconds=timeout),
+            )
 
         try:
-            answer = await self._temporal(ref, f"query {name}", ask)
+            if open_only:
+                try:
+                    answer = await ask()
+                except WorkflowQueryRejectedError as err:
+                    raise _Closed from err
+                except RPCError as err:
+                    if err.status == RPCStatusCode.NOT_FOUND:
+                        raise _Closed from err
+                    raise _rpc_failure(ref, f"query {name}", err) from err
+            else:
+                answer = await self._temporal(ref, f"query {name}", ask)
         except WorkflowQueryFailedError as err:
             raise ProviderError(
                 grpc.StatusCode.INTERNAL, f"group {ref.group}: the group workflow failed query {name}: {err}"
@@ -224,6 +262,10 @@ class GroupGateway:
             if err.status == RPCStatusCode.NOT_FOUND:
                 self.forget(ref)
             raise _rpc_failure(ref, what, err) from err
+
+
+class _Closed(Exception):
+    """The group workflow this process knew has closed (or is unknown to Temporal): make sure of it again."""
 
 
 def _left(started: float, timeout: float) -> float:

@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHistory
+from temporalio.client import Client, Interceptor, OutboundInterceptor, WorkflowExecutionStatus, WorkflowHistory
 
 from api import contracts as c
 from api import names
@@ -239,6 +240,60 @@ async def test_answers_are_reused_within_a_loop_and_dropped_on_refresh_or_a_writ
         await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
         assert await p.target() == 2, "a write through the provider drops the group's answers"
         assert len(await p.states()) == 2
+
+
+class CountedCalls(Interceptor):
+    """Counts the provider's Temporal calls by kind (a client interceptor, the SDK's own extension point)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        counts = self.calls
+
+        class Counting(OutboundInterceptor):
+            async def start_workflow(self, input: Any) -> Any:
+                counts["start"] += 1
+                return await super().start_workflow(input)
+
+            async def query_workflow(self, input: Any) -> Any:
+                counts["query"] += 1
+                return await super().query_workflow(input)
+
+        return Counting(next)
+
+
+async def test_a_new_loop_asks_a_known_group_at_once_and_starts_one_that_has_closed_again() -> None:
+    """The first read of a loop asks a group workflow this process has seen loaded straight away: one Query, no
+    start. One that has closed since (here terminated, as after its Group was deleted) refuses that Query, and the
+    read starts a new run and answers from it, not from the closed run's last state."""
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        counted = CountedCalls()
+        config = lab.client.config()
+        config["interceptors"] = [counted]
+        client = Client(**config)
+        settings = provider_settings(lab)
+        up = await start(settings, CloudProvider.build(settings, client, lab.kube, namespaces=[NS]))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{up.port}") as channel:
+                p = Provider(lab, pb_grpc.CloudProviderStub(channel), channel, up)
+                await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+                assert await p.target() == 0
+                assert counted.calls["start"] == 1, "a group met for the first time is made sure of"
+                await lab.increase(1)
+                group = lab.group()
+                first = (await group.describe()).run_id
+                counted.calls.clear()
+                await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+                assert await p.target() == 1 and len(await p.instances()) == 1
+                assert counted.calls == Counter(query=2), "a known group: one Query per read, no start"
+                await group.terminate("its Group was deleted")
+                await p.stub.Refresh(pb.RefreshRequest(), timeout=CA_DEADLINE)
+                assert await p.target() == 1, "the new run's answer: it took the claim over"
+                now = await group.describe()
+                assert now.run_id != first and now.status == WorkflowExecutionStatus.RUNNING, "a new run"
+        finally:
+            await up.server.stop(1)
 
 
 async def test_a_watched_catalog_serves_a_loop_without_listing_and_follows_changes() -> None:
