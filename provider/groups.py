@@ -72,7 +72,7 @@ class GroupGateway:
         self._answers: dict[tuple[str, str], tuple[float, Any]] = {}
 
     def refresh(self) -> None:
-        """A new autoscaler loop: every group is asked afresh, and made sure of once (a deleted and re-created
+        """A new autoscaler loop: every group is asked afresh, and made sure of again (a deleted and re-created
         Group's workflow may have ended since)."""
         self._answers.clear()
         self._ensured.clear()
