@@ -172,7 +172,7 @@ async def test_attempt_limit_reached_before_a_machine_is_bought() -> None:
 
 async def test_a_hand_applied_claim_older_than_its_slots_live_claim_is_superseded_not_left_pending() -> None:
     """Found by the model (seed 3816984121): a claim taken over on a slot a newer live claim holds was dropped as
-    never started (its resource stayed pending with no workflow), and at maxSize the group's task failed on it."""
+    never started (its resource stayed pending with no workflow), and over maxSize the group's task failed on it."""
     async with open_lab(homelab([slot("s1"), slot("s2")], maxSize=1)) as lab:
         await lab.start_group()
         assert await lab.increase(1) == 1
