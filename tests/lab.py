@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 from homelab_sim.homelab import HomelabServer
 from homelab_sim.homelab_spec import parse_homelab_spec
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import (
@@ -70,6 +72,44 @@ def homelab(slots: list[dict[str, Any]], **group: Any) -> dict[str, Any]:
         "groups": [{"name": "g", "minSize": 0, "maxSize": 5, **group}],
         "slots": [{"group": "g", **s} for s in slots],
     }
+
+
+class TestServerRefusals(logging.Handler):
+    """The SDK core's reports that the time-skipping server refused a workflow task's completion.
+
+    That server strands such a workflow (temporalio/sdk-java#3088: "invalid history builder state for action",
+    and the task is never handed out again), so whatever fails after it says nothing about the operator. The real
+    server retries the task. The model counts an example that failed after a refusal as inconclusive.
+    """
+
+    SIGN = "invalid history builder state"
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.SIGN in message:
+            self.seen.append(message[:400])
+
+
+REFUSALS = TestServerRefusals()
+_CORE_LOG = logging.getLogger("tests.lab.core")
+_RUNTIMES: list[Runtime] = []
+
+
+def refusal_watching_runtime() -> Runtime:
+    """One Temporal runtime per process whose core warnings reach `REFUSALS` (and pytest's log capture)."""
+    if not _RUNTIMES:
+        _CORE_LOG.addHandler(REFUSALS)
+        _CORE_LOG.setLevel(logging.WARNING)
+        forwarding = LogForwardingConfig(logger=_CORE_LOG)
+        filters = TelemetryFilter(core_level="WARN", other_level="ERROR")
+        _RUNTIMES.append(
+            Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=filters, forwarding=forwarding)))
+        )
+    return _RUNTIMES[0]
 
 
 class InFlight(CustomSlotSupplier):
@@ -306,12 +346,17 @@ class Lab:
 
 @asynccontextmanager
 async def open_lab(
-    doc: dict[str, Any], *, kube_timeout: float = 10.0, cached_workflows: int = 1000, sandboxed: bool = True
+    doc: dict[str, Any],
+    *,
+    kube_timeout: float = 10.0,
+    cached_workflows: int = 1000,
+    sandboxed: bool = True,
+    runtime: Runtime | None = None,
 ) -> AsyncIterator[Lab]:
     """The lab; `cached_workflows=0` replays every workflow task (worker restarts then never meet a sticky queue)."""
     spec = parse_homelab_spec(doc, "test")
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=test_server_path(), data_converter=DATA_CONVERTER
+        test_server_existing_path=test_server_path(), data_converter=DATA_CONVERTER, runtime=runtime
     )
     try:
         await register_search_attributes(env.client, "default", check_first=False)

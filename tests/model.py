@@ -34,7 +34,7 @@ from temporalio.service import RPCError
 from api import contracts as c
 from api.names import ClaimReason
 from domain.timings import TIMINGS
-from tests.lab import NS, Lab, homelab, open_lab
+from tests.lab import NS, REFUSALS, Lab, homelab, open_lab, refusal_watching_runtime
 from watchers.main import Watchers
 from watchers.signals import Signals
 from workflows.group.workflow import GroupWorkflow
@@ -570,6 +570,22 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+class Inconclusive(Exception):
+    """An example the time-skipping server broke (tests.lab.TestServerRefusals): neither a pass nor a failure."""
+
+
+def _inconclusive_if_refused(seed: int, refused_before: int, err: BaseException, cause: str) -> None:
+    """A failure after the test server refused a workflow task's completion, with no failed workflow task to
+    explain it, is that server's (the stranded workflow answers no Query again), not the operator's."""
+    if cause or len(REFUSALS.seen) <= refused_before:
+        return
+    first = (str(err) or repr(err)).splitlines()[0]
+    raise Inconclusive(
+        f"seed {seed}: the time-skipping server refused a workflow task's completion "
+        f"({REFUSALS.seen[refused_before]}); what failed after it: {first}"
+    )
+
+
 async def _failing(model: Model) -> str:
     """A workflow task failing on every try explains a Query or a wait that timed out better than the timeout."""
     try:
@@ -590,7 +606,10 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
     # checked statically by tests/test_hygiene.py, so it is left off there.
     restarts = rng.random() < 1 / 3
     cache, sandboxed = (0, False) if restarts else (1000, True)
-    async with open_lab(doc, kube_timeout=KUBE_TIMEOUT, cached_workflows=cache, sandboxed=sandboxed) as lab:
+    refused_before = len(REFUSALS.seen)
+    async with open_lab(
+        doc, kube_timeout=KUBE_TIMEOUT, cached_workflows=cache, sandboxed=sandboxed, runtime=refusal_watching_runtime()
+    ) as lab:
         watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
         lab.settle_after_skip = 0.1  # see Lab.settle_after_skip: the driver signals right after every skip
         model = Model(lab, watchers, rng, restarts=restarts)
@@ -598,9 +617,13 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
         try:
             await model.run(steps)
         except Violation as err:
-            raise Violation(f"seed {seed}: {err}{await _failing(model)}") from None
+            cause = await _failing(model)
+            _inconclusive_if_refused(seed, refused_before, err, cause)
+            raise Violation(f"seed {seed}: {err}{cause}") from None
         except Exception as err:  # anything else is a failure of the system too: say where the driver was
-            raise model.violation(f"seed {seed}: {err!r}{await _failing(model)}") from err
+            cause = await _failing(model)
+            _inconclusive_if_refused(seed, refused_before, err, cause)
+            raise model.violation(f"seed {seed}: {err!r}{cause}") from err
         finally:
             watchers.close()
         return model.stats
