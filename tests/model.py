@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from homelab_sim.emulator import Fault, RequestInfo
+from homelab_sim.emulator_errors import ApiError
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
@@ -247,7 +248,12 @@ class Model:
             return
         name = self.rng.choice(present)
         self.log[-1] += f" {name}"
-        self.lab.lab.call(lambda h: h.emulator.delete_object(CRD, "nodeclaims", NS, name))
+        try:
+            self.lab.lab.call(lambda h: h.emulator.delete_object(CRD, "nodeclaims", NS, name))
+        except ApiError as err:  # the operator deleted it between the listing and this delete (collected, cancelled)
+            if err.status != 404:
+                raise
+            self.log[-1] += " (already gone)"
 
     async def delete_slot(self) -> None:
         slot = self.rng.choice(SLOTS)
