@@ -228,25 +228,22 @@ class GroupGateway:
             return held[1]
 
         async def ask() -> Any:
-            return await handle.query(
-                name,
-                result_type=kind,
-                reject_condition=QueryRejectCondition.NOT_OPEN if open_only else None,
-                rpc_timeout=timedelta(seconds=timeout),
-            )
+            try:
+                return await handle.query(
+                    name,
+                    result_type=kind,
+                    reject_condition=QueryRejectCondition.NOT_OPEN if open_only else None,
+                    rpc_timeout=timedelta(seconds=timeout),
+                )
+            except WorkflowQueryRejectedError as err:  # only asked for with open_only: the workflow has closed
+                raise _Closed from err
+            except RPCError as err:
+                if open_only and err.status == RPCStatusCode.NOT_FOUND:
+                    raise _Closed from err
+                raise
 
         try:
-            if open_only:
-                try:
-                    answer = await ask()
-                except WorkflowQueryRejectedError as err:
-                    raise _Closed from err
-                except RPCError as err:
-                    if err.status == RPCStatusCode.NOT_FOUND:
-                        raise _Closed from err
-                    raise _rpc_failure(ref, f"query {name}", err) from err
-            else:
-                answer = await self._temporal(ref, f"query {name}", ask)
+            answer = await self._temporal(ref, f"query {name}", ask)
         except WorkflowQueryFailedError as err:
             raise ProviderError(
                 grpc.StatusCode.INTERNAL, f"group {ref.group}: the group workflow failed query {name}: {err}"

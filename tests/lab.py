@@ -7,6 +7,7 @@ Workflow time only moves through `advance`, so a test reads as "after N minutes,
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -95,21 +96,17 @@ class TestServerRefusals(logging.Handler):
 
 
 REFUSALS = TestServerRefusals()
-_CORE_LOG = logging.getLogger("tests.lab.core")
-_RUNTIMES: list[Runtime] = []
 
 
+@functools.cache
 def refusal_watching_runtime() -> Runtime:
     """One Temporal runtime per process whose core warnings reach `REFUSALS` (and pytest's log capture)."""
-    if not _RUNTIMES:
-        _CORE_LOG.addHandler(REFUSALS)
-        _CORE_LOG.setLevel(logging.WARNING)
-        forwarding = LogForwardingConfig(logger=_CORE_LOG)
-        filters = TelemetryFilter(core_level="WARN", other_level="ERROR")
-        _RUNTIMES.append(
-            Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=filters, forwarding=forwarding)))
-        )
-    return _RUNTIMES[0]
+    core_log = logging.getLogger("tests.lab.core")
+    core_log.addHandler(REFUSALS)
+    core_log.setLevel(logging.WARNING)
+    forwarding = LogForwardingConfig(logger=core_log)
+    filters = TelemetryFilter(core_level="WARN", other_level="ERROR")
+    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=filters, forwarding=forwarding)))
 
 
 class InFlight(CustomSlotSupplier):

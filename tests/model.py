@@ -622,13 +622,11 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
         model.log.append(f"worker restarts: {'yes' if restarts else 'no'}")
         try:
             await model.run(steps)
-        except Violation as err:
+        except Exception as err:  # anything, not only a Violation, is a failure of the system: say where it was
             cause = await _failing(model)
             _inconclusive_if_refused(seed, refused_before, err, cause)
-            raise Violation(f"seed {seed}: {err}{cause}") from None
-        except Exception as err:  # anything else is a failure of the system too: say where the driver was
-            cause = await _failing(model)
-            _inconclusive_if_refused(seed, refused_before, err, cause)
+            if isinstance(err, Violation):
+                raise Violation(f"seed {seed}: {err}{cause}") from None
             raise model.violation(f"seed {seed}: {err!r}{cause}") from err
         finally:
             watchers.close()

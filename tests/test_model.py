@@ -65,29 +65,20 @@ def test_inconclusive_examples_are_bounded() -> None:
     assert too_many_inconclusive(4, 0) and too_many_inconclusive(6, 8) and not too_many_inconclusive(5, 8)
 
 
-class Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-async def test_the_sdk_cores_warnings_reach_the_refusal_watcher() -> None:
+async def test_the_sdk_cores_warnings_reach_the_refusal_watcher(caplog: pytest.LogCaptureFixture) -> None:
     """The verdict depends on the core's log reaching Python: its own start-up warning (the test server does not
     advertise a capability) arrives through the same forwarding, and a refusal's text is recognised."""
-    collect = Collect()
-    logging.getLogger("tests.lab.core").addHandler(collect)
-    try:
+
+    def arrived() -> bool:
+        return any(r.name.startswith("tests.lab.core") and "capability" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.WARNING, logger="tests.lab.core"):
         async with open_lab(homelab([{"name": "s1"}]), runtime=refusal_watching_runtime()):
             for _ in range(50):
-                if any("capability" in m for m in collect.messages):
+                if arrived():
                     break
                 await asyncio.sleep(0.1)
-    finally:
-        logging.getLogger("tests.lab.core").removeHandler(collect)
-    assert any("capability" in m for m in collect.messages), collect.messages
+    assert arrived(), [r.getMessage() for r in caplog.records]
     before = len(REFUSALS.seen)
     REFUSALS.handle(
         logging.makeLogRecord({"msg": 'message: "invalid history builder state for action"', "levelno": 30})

@@ -229,10 +229,13 @@ class GroupState:
         a claim only the group knew of it is started and told it is superseded, and its workflow ends it (the
         resource is then collected by its TTL) instead of leaving it pending with no workflow behind it.
         """
-        newest = self.slots[seed.slot].live_claim
         self.to_start.append(seed)
-        self.claims[seed.name] = replace(_booked(seed), phase=ClaimPhase.FAILED, reason=ClaimReason.SUPERSEDED)
-        self.send(c.claim_workflow_id(self.namespace, seed.name), c.ClaimSignal.SUPERSEDED, newest)
+        self._supersede(_booked(seed), self.slots[seed.slot].live_claim)
+
+    def _supersede(self, older: c.ClaimDigest, newest: str) -> None:
+        """Book a started claim as superseded by `newest`; its workflow hears it next and hands the machine over."""
+        self.claims[older.name] = replace(older, phase=ClaimPhase.FAILED, reason=ClaimReason.SUPERSEDED)
+        self.send(c.claim_workflow_id(self.namespace, older.name), c.ClaimSignal.SUPERSEDED, newest)
 
     def mark(self, digest: c.ClaimDigest, reason: ClaimReason) -> None:
         """Book a scale-down of a live claim: it leaves the target now; its workflow hears it next (or starts
@@ -310,8 +313,7 @@ class GroupState:
                 self.to_start.remove(unstarted[0])
                 self.claims.pop(older.name, None)
                 continue
-            self.claims[older.name] = replace(older, phase=ClaimPhase.FAILED, reason=ClaimReason.SUPERSEDED)
-            self.send(c.claim_workflow_id(self.namespace, older.name), c.ClaimSignal.SUPERSEDED, newest.name)
+            self._supersede(older, newest.name)
         slot = self.slots.get(slot_name)
         if slot is not None:
             slot.live_claim = newest.name
