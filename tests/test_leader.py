@@ -197,6 +197,53 @@ async def test_the_process_path_with_threads_reports_a_change(emulator: Emulator
     assert lease is not None and not lease["spec"].get("holderIdentity"), "released on stop"
 
 
+async def test_the_process_hands_over_to_its_watch_threads_after_one_listing_however_busy_the_cluster(
+    emulator: EmulatorServer, kube: Kube
+) -> None:
+    """The initial sync used to go on round after round while each round brought events: in a burst of 200 boots
+    it held every watch event (and so every job_finished and Ready) back by 30 s before the threads took over.
+    Here the cluster changes at every drain; the process path lists each watch once, then the threads carry on.
+    """
+    world = World(emulator)
+    world.slot("s1")
+    w = Watchers(kube, Quiet(), namespaces=[NS], window=2)
+    drains: list[str] = []
+    beat = iter(range(1_000_000))
+
+    def busy(source: Any, drain: Any) -> Any:
+        def drain_and_change() -> Any:
+            drains.append(source.name)
+            world.kubelet("s1", "on" if next(beat) % 2 else "off")  # the next round always has something
+            return drain()
+
+        return drain_and_change
+
+    for source in w.sources:
+        source.drain = busy(source, source.drain)  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(w.run(stop, renew_every=0.2))
+    try:
+        deadline = time.monotonic() + 10
+        while not (w.dispatcher.acting and w._threads):
+            assert time.monotonic() < deadline, "acting, with the watch threads started, within 10 s"
+            await asyncio.sleep(0.05)
+        assert sorted(drains) == sorted(s.name for s in w.sources), "every watch listed once, then the threads"
+        world.kubelet("s1", "on")
+        while world.status("s1").get("powerState") != "on":
+            assert time.monotonic() < deadline, "the threads follow the kubelet within 10 s"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    # Tests still step through `pump()` until the cluster is quiet: there, the rounds go on.
+    quiet = Watchers(kube, Quiet(), namespaces=[NS])
+    drains.clear()
+    for source in quiet.sources:
+        source.drain = busy(source, source.drain)  # type: ignore[method-assign]
+    await quiet.pump()
+    assert len(drains) > len(quiet.sources)
+
+
 def test_settings_defaults_and_environment(monkeypatch: object) -> None:
     s = WatchSettings(lease_duration_seconds=30)
     assert s.lease_duration_seconds == 30 and s.lease_name == "homelab-autoscaler-watch" and s.identity

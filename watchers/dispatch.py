@@ -154,6 +154,13 @@ class Dispatcher:
         `limit` at once, in order per slot. `pump()` (tests, the first sync) keeps them inline."""
         self.concurrent = asyncio.Semaphore(limit)
 
+    async def _send(self, key: Any, send: Callable[[], Awaitable[Any]]) -> None:
+        """A Temporal call: beside the next events (in order per key) in the process, in line under `pump()`."""
+        if self.concurrent is not None:
+            self._spawn(key, send)
+        else:
+            await send()
+
     def _spawn(self, key: Any, send: Callable[[], Awaitable[Any]]) -> None:
         """Run `send` after the previous send for `key` (chained), bounded by the semaphore."""
         before = self._chains.get(key)
@@ -297,10 +304,7 @@ class Dispatcher:
             send = lambda: self.signals.release(ns, slot, c.ReleaseSignal.JOB_FINISHED, finished)  # noqa: E731
         else:
             return
-        if self.concurrent is not None:
-            self._spawn(ident, send)
-        else:
-            await send()
+        await self._send(ident, send)
         # Once per Job, delivered or not: a workflow that missed it reads the Job when its own timer fires.
         self.finished_jobs.add(ident)
 
@@ -310,9 +314,15 @@ class Dispatcher:
         ident = (ns, name, str(meta(claim).get("uid") or ""))
         if ident not in self.hand_deleted:
             self.hand_deleted.add(ident)
-            await self.signals.claim(
-                ns, name, c.ClaimSignal.MARK_FOR_DELETION, c.MarkRequest(ClaimReason.DELETED_BY_HAND)
+            mark = c.MarkRequest(ClaimReason.DELETED_BY_HAND)
+            await self._send(
+                ("claim", ns, name), lambda: self.signals.claim(ns, name, c.ClaimSignal.MARK_FOR_DELETION, mark)
             )
+
+    async def _take_over_if_unrun(self, ns: str, name: str, group: str) -> None:
+        """A claim no workflow runs (applied by hand, or left by a lost run): its group's reload takes it over."""
+        if not await self.signals.claim_running(ns, name):
+            await self._refresh(ns, group)
 
     # --- NodeClaims --------------------------------------------------------------------------------------
     async def _claim(self, event: WatchEvent, relisting: bool) -> None:
@@ -339,9 +349,11 @@ class Dispatcher:
             self.hand_deleted.discard((ns, name, str(meta(obj).get("uid") or "")))  # gone: its uid never returns
         elif meta(event.object).get("deletionTimestamp"):
             await self._hand_deleted(obj)
-        elif old is None and not await self.signals.claim_running(ns, name):
-            # Applied by hand (or left by a lost run): the group's reload takes it over, newest-wins included.
-            await self._refresh(ns, str(spec(obj).get("group") or ""))
+        elif old is None:
+            # Applied by hand (or left by a lost run)? The group's reload takes it over, newest-wins included. Asked
+            # beside the next events: one Temporal round trip per new claim in line would hold every watch up.
+            group = str(spec(obj).get("group") or "")
+            await self._send(("claim", ns, name), lambda: self._take_over_if_unrun(ns, name, group))
         if slot_key[1]:
             if not relisting:
                 await self.observe(slot_key)  # the live claim may have changed: the new one hears the machine

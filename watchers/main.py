@@ -106,10 +106,12 @@ class Watchers:
     async def handle(self, tagged: Tagged) -> None:
         await self.dispatcher.handle(tagged.source.resource, tagged.event, relisting=tagged.relisting)
 
-    async def pump(self) -> int:
+    async def pump(self, *, until_ready: bool = False) -> int:
         """Drain every watch in order and handle what came, until a round brings nothing; the events handled.
 
         A write made while handling (a report, a stamp) comes back as an event of its own, hence the rounds.
+        `until_ready` stops as soon as every watch has listed once (the process's initial sync): a busy cluster
+        brings something every round, and the rounds would keep the watch threads from starting.
         """
         total = 0
         for _ in range(PUMP_ROUNDS):
@@ -121,7 +123,7 @@ class Watchers:
             total += len(batch)
             if not self.dispatcher.acting:
                 await self.lead()
-            if not batch:
+            if not batch or (until_ready and self.ready):
                 break
         return total
 
@@ -176,12 +178,13 @@ class Watchers:
 
     async def run(self, stop: asyncio.Event, *, renew_every: float = 5.0) -> None:
         """Run until `stop` is set; then stop acting, release the Lease and close the watches."""
-        await self.pump()  # the initial sync, in a fixed order
+        # The process's way from the first event on: signals beside the events, reports coalesced by their task.
+        dirty = self.dispatcher.defer_reports()
+        self.dispatcher.send_concurrently()
+        await self.pump(until_ready=True)  # the initial sync, in a fixed order; the threads carry on from there
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Tagged] = asyncio.Queue()
         self._start_threads(loop, queue)
-        dirty = self.dispatcher.defer_reports()
-        self.dispatcher.send_concurrently()
         tasks = [
             asyncio.create_task(self._consume(queue), name="watch events"),
             asyncio.create_task(self._write_reports(dirty), name="reports"),
