@@ -16,6 +16,8 @@ from temporalio.worker import Worker
 
 from bench.procs import bounded, free_port
 from bench.trivial import FLOOR_QUEUE, OneActivity, SignalTwoActivities, noop
+from homelab_autoscaler.settings import WorkerSettings
+from homelab_autoscaler.temporal import pollers
 
 
 def _seconds(event: HistoryEvent) -> float:
@@ -24,8 +26,16 @@ def _seconds(event: HistoryEvent) -> float:
 
 @asynccontextmanager
 async def floor_worker(client: Client) -> AsyncIterator[Worker]:
-    """A worker for the trivial workflows, in this process, on its own task queue (sandboxed, as the operator's)."""
-    worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[OneActivity, SignalTwoActivities], activities=[noop])
+    """A worker for the trivial workflows, in this process, on its own task queue (sandboxed, and polling, as the
+    operator's)."""
+    worker = Worker(
+        client,
+        task_queue=FLOOR_QUEUE,
+        workflows=[OneActivity, SignalTwoActivities],
+        activities=[noop],
+        workflow_task_poller_behavior=pollers(WorkerSettings().task_pollers),
+        activity_task_poller_behavior=pollers(WorkerSettings().task_pollers),
+    )
     async with worker:
         yield worker
 

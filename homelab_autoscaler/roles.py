@@ -155,6 +155,7 @@ async def worker(p: Process) -> None:
         KubeActivities(p.kube).all(),
         task_queue=queue.task_queue,
         max_activity_threads=p.settings.section(WorkerSettings).activity_threads,
+        task_pollers=p.settings.section(WorkerSettings).task_pollers,
     )
     temporal = p.settings.section(TemporalSettings)
     log.info("worker polling %s on %s (%s)", queue.task_queue, temporal.address, temporal.namespace)

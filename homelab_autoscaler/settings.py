@@ -110,6 +110,12 @@ class WorkerSettings(BaseModel):
     model_config = SECTION_CONFIG
 
     activity_threads: int = Field(16, ge=1, le=256, description="activities run at once (the Kubernetes client blocks)")
+    task_pollers: int = Field(
+        50,
+        ge=1,
+        le=500,
+        description="most polls held at once for workflow tasks, and as many for activity tasks (Temporal scales them)",
+    )
 
 
 class NamespaceSettings(BaseModel):

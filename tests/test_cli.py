@@ -84,6 +84,7 @@ def test_no_flag_means_two_things() -> None:
 BAD = [
     (["worker", "--log-level", "LOUD"], "log_level"),
     (["worker", "--activity-threads", "0"], "activity_threads"),
+    (["run", "--task-pollers", "0"], "task_pollers"),
     (["worker", "--kube-timeout-seconds", "soon"], "kube_timeout_seconds"),
     (["worker", "--temporal-tls-cert", "/nonexistent.pem"], "temporal_tls_cert"),
     (["provider", "--provider-address", "0.0.0.0:8086"], "insecure"),
