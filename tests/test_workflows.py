@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 from homelab_sim.emulator import Fault
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
@@ -59,6 +60,35 @@ async def test_boot_ends_ready() -> None:
         instances = await lab.group().query(GroupWorkflow.instances)
         assert [(i.slot, i.state) for i in instances] == [("s1", "running")]
         await lab.record("boot_ends_ready")
+
+
+async def test_a_boot_told_its_node_is_ready_goes_on_without_reading_it_and_tells_the_group_beside_each_record() -> (
+    None
+):
+    """A move's signal to the group leaves in the workflow task that schedules its record, rather than a task
+    before it (the record waited for the signal's acknowledgement); and a boot the watchers already told of a
+    Ready node does not read the node again when its startup Job ends (an activity and a task per boot)."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN, step=0.1)
+        handle = lab.client.get_workflow_handle(c.claim_workflow_id(NS, name))
+        ready = c.Observation(power="on", usable=True, exists=True, gate_open=True, observed_at=now())
+        await handle.signal(c.ClaimSignal.OBSERVE, ready)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        events = (await handle.fetch_history()).events
+        await lab.record("boot_told_ready")
+    kinds = [(e.event_type, e.activity_task_scheduled_event_attributes.activity_type.name) for e in events]
+    told = [
+        i for i, (t, _) in enumerate(kinds) if t == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert len(told) >= 2, "booting and ready each told the group"
+    for i in told:
+        start = max(j for j in range(i) if kinds[j][0] == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+        batch = [a for t, a in kinds[start:i] if t == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+        assert batch == [c.Act.RECORD_CLAIM], f"event {i + 1}: the signal and its record in one task"
+    after_booting = [a for t, a in kinds[told[0] :] if t == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert c.Act.OBSERVE_SLOT not in after_booting, after_booting
+    assert c.Act.OPEN_GATE in after_booting
 
 
 async def test_startup_job_failed() -> None:

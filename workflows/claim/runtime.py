@@ -6,6 +6,7 @@ it implements.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +47,10 @@ FAILURE_REASONS: dict[Failure, ClaimReason] = {
 }
 
 
+# A move's signal to the group leaves in the same workflow task as its projection (generation 6 histories on).
+TELL_BESIDE = "claim-tells-group-beside-its-projection"
+
+
 def failure_reason(kind: str) -> ClaimReason:
     """The claim reason of a `Broken` write (an error type we do not know is the operator's own fault)."""
     try:
@@ -58,6 +63,7 @@ class ClaimRuntime(SlotVerbs):
     """Claim state plus verbs; `Claim` adds the handlers and the order of the steps."""
 
     s: ClaimState
+    _telling: asyncio.Task[None] | None = None  # the last signal to the group, in flight beside the next steps
 
     def slot_ref(self) -> c.SlotRef:
         return c.SlotRef(self.s.seed.namespace, self.s.seed.slot)
@@ -100,9 +106,9 @@ class ClaimRuntime(SlotVerbs):
     async def move(self, target: ClaimPhase, reason: str = "", message: str = "", warning: bool = False) -> None:
         """Check the move against the legal-moves table, tell the group, then project it onto the resource.
 
-        The group hears first (a signal always lands), so the target size and the slot follow the claim at
-        once even while the API server refuses the projection. A terminal move is the claim's last word: its
-        digest is final and the projection releases the finalizer.
+        The group is told in the same workflow task (a signal always lands), so the target size and the slot
+        follow the claim at once even while the API server refuses the projection. A terminal move is the
+        claim's last word: its digest is final and the projection releases the finalizer.
         """
         s = self.s
         s.phase = claims.move(s.phase, target)
@@ -191,14 +197,31 @@ class ClaimRuntime(SlotVerbs):
         )
 
     async def notify_group(self, *, final: bool = False) -> None:
-        """Tell the group what this claim is now (its target size, slot choice and collection read it)."""
+        """Tell the group what this claim is now (its target size, slot choice and collection read it).
+
+        The signal goes out in the workflow task that goes on to the projection, not awaited there: waiting for
+        the server to acknowledge it cost every move a workflow task and a round trip. Signals still leave in
+        order (each after the one before it), and the run waits for them all before it closes (`told`).
+        """
+        digest = self.s.digest(workflow_done=final)
+        if not workflow.patched(TELL_BESIDE):
+            await self._tell(digest)
+            return
+        self._telling = asyncio.create_task(self._tell(digest, after=self._telling))
+
+    async def _tell(self, digest: c.ClaimDigest, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:
+            await after
         seed = self.s.seed
         try:
-            await signal_group(
-                seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, self.s.digest(workflow_done=final)
-            )
+            await signal_group(seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, digest)
         except Exception as err:
             workflow.logger.warning("could not tell group %s: %s", seed.group, err)
+
+    async def told(self) -> None:
+        """Every signal to the group has landed (or failed, which is logged): before the run closes or continues."""
+        while self._telling is not None and not self._telling.done():
+            await self._telling
 
     # --- what the shutdown driver needs (ShutdownHost) ----------------------------------------------------
     @property
