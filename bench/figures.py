@@ -16,11 +16,12 @@ from homelab_sim.emulator import RequestInfo
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from api import contracts as c
-from api.names import ClaimPhase
+from api.names import ClaimPhase, JobType
 from bench import floors
 from bench.lab import LEASE_RENEW_SECONDS, World, homelab_doc
 from bench.procs import bounded, peak_rss_mb, wait_until
 from bench.report import Report, Row, ms, percentile
+from bench.stages import p1_stages
 from proto import externalgrpc_pb2 as pb
 
 ECHO_CALLS = 1000
@@ -97,11 +98,20 @@ class Figures:
             await self.ready(world, n)
             rec = world.recorder
             lat = []
+            ready: dict[str, float] = {}
             for claim in rec.claims_in(ClaimPhase.READY):
                 node_ready = rec.node_ready.get(rec.slot_of[claim])
                 claim_ready = rec.first(claim, ClaimPhase.READY)
                 if node_ready is not None and claim_ready is not None:
                     lat.append(claim_ready - node_ready)
+                    ready[claim] = node_ready
+            jobs = {claim: rec.job_complete.get(c.job_name(claim, JobType.STARTUP, 1)) for claim in ready}
+            stages = await bounded(
+                p1_stages(self.client, world.namespace, ready, jobs),
+                timeout=self.sizes.wait_for(n),
+                what=f"the histories of {len(ready)} claims",
+            )
+            self.report.notes.append(stages.note())
         finally:
             await self.done(world)
         if len(lat) < n:
@@ -277,6 +287,8 @@ class Figures:
                 {"writes": len(claim_writes), "moves": moves, "by_kind": by_plural(claim_writes)},
             )
         )
+        kinds = sorted(by_plural(claim_writes).items(), key=lambda kv: (-kv[1], kv[0]))
+        self.report.notes.append("p4 writes in the lifecycle: " + ", ".join(f"{k} {n}" for k, n in kinds))
         total = len(idle_writes) * per_minute
         others = len(idle_writes) - idle_leases
         expected = 60.0 / LEASE_RENEW_SECONDS

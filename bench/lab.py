@@ -59,6 +59,7 @@ class Recorder:
     node_ready: dict[str, float] = field(default_factory=dict)  # core Node name -> first Ready=True stored
     phases: dict[str, list[tuple[str, float]]] = field(default_factory=lambda: defaultdict(list))
     slot_of: dict[str, str] = field(default_factory=dict)  # claim -> slot
+    job_complete: dict[str, float] = field(default_factory=dict)  # Job name -> first Complete=True stored
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, kind: str, spec: ResourceSpec, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
@@ -75,6 +76,14 @@ class Recorder:
                     self.node_ready[name] = now
                 elif not ready:
                     self.node_ready.pop(name, None)
+        elif spec.key == ("batch", "v1", "jobs") and kind != "DELETED":
+            done = any(
+                c.get("type") == "Complete" and c.get("status") == "True"
+                for c in (obj.get("status") or {}).get("conditions") or []
+            )
+            with self.lock:
+                if done and name not in self.job_complete:
+                    self.job_complete[name] = now
         elif spec.key == (names.GROUP, names.VERSION, names.PLURAL_NODECLAIMS) and kind != "DELETED":
             phase = str((obj.get("status") or {}).get("phase") or ClaimPhase.PENDING)
             with self.lock:

@@ -8,10 +8,19 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import (
+    HistoryEvent,
+    WorkflowExecutionSignaledEventAttributes,
+    WorkflowTaskStartedEventAttributes,
+)
 
 from bench.procs import ROOT
+from bench.stages import Stages
 
 ROWS = (
     "P1 reaction",  # twice: vs signal → handled, vs two trivial activities
@@ -54,3 +63,49 @@ def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
         doc["peak_rss_mb"]
     )
     assert all(mb > 0 for mb in doc["peak_rss_mb"].values()), doc["peak_rss_mb"]
+    (stages,) = [n for n in doc["notes"] if n.startswith("p1 stages:")]
+    assert "workflow task scheduled → started p50" in stages, stages
+
+
+def _event(event_id: int, kind: EventType.ValueType, at: float, **attrs: Any) -> HistoryEvent:
+    event = HistoryEvent(event_id=event_id, event_type=kind, **attrs)
+    event.event_time.FromNanoseconds(int(at * 1e9))
+    return event
+
+
+def _scheduled(event_id: int, at: float) -> HistoryEvent:
+    return _event(event_id, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, at)
+
+
+def _started(event_id: int, at: float, scheduled: int) -> HistoryEvent:
+    attrs = WorkflowTaskStartedEventAttributes(scheduled_event_id=scheduled)
+    return _event(
+        event_id, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED, at, workflow_task_started_event_attributes=attrs
+    )
+
+
+def _signalled(event_id: int, at: float, name: str, data: dict[str, Any]) -> HistoryEvent:
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(data).encode())
+    attrs = WorkflowExecutionSignaledEventAttributes(signal_name=name, input=Payloads(payloads=[payload]))
+    kind = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    return _event(event_id, kind, at, workflow_execution_signaled_event_attributes=attrs)
+
+
+def test_p1_stages_read_the_watchers_lag_and_the_workers_queue_from_a_history() -> None:
+    """The breakdown that found P1's two regressions (watch events held back 30 s; tasks queued on five polls)."""
+    events = [
+        _scheduled(1, 99.0),  # before the Job completed: not counted
+        _started(2, 99.5, scheduled=1),
+        _signalled(3, 100.5, "observe", {"gate_open": False}),
+        _signalled(4, 101.0, "job_finished", {"job": "j"}),
+        _scheduled(5, 101.0),
+        _started(6, 103.0, scheduled=5),
+        _signalled(7, 104.0, "observe", {"gate_open": True}),
+        _signalled(8, 105.0, "observe", {"gate_open": True}),
+    ]
+    stages = Stages()
+    stages.take(events, node_ready=102.0, job_complete=100.0)
+    assert stages.ready_told == [2.0] and stages.job_told == [1.0] and stages.task_waits == [2.0]
+    assert "Ready → claim told p50 2.00 s" in stages.note(), stages.note()
+    stages.take(events[:2], node_ready=102.0, job_complete=None)  # never told, no Job on record: nothing added
+    assert (len(stages.ready_told), len(stages.job_told)) == (1, 1)

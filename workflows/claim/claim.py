@@ -43,8 +43,7 @@ class Claim(ClaimRuntime):
         try:
             while s.live and not s.abandoned:  # each pass moves the claim on, or hands over to the next step
                 if await self._lifecycle():
-                    await self.told()
-                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    await workflow.wait_condition(self.settled)
                     workflow.continue_as_new(args=[seed, s.carried()])
         except Deadline:
             await self._fail(
@@ -54,8 +53,7 @@ class Claim(ClaimRuntime):
             await self._fail(failure_reason(err.kind), err.message)
         if s.live and s.abandoned:
             await self.move(ClaimPhase.FAILED, s.abandoned, s.abandoned_message)
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        await self.told()
+        await workflow.wait_condition(self.settled)
         self.details(f"{s.phase} ({s.reason or 'no reason'})")
         if s.phase == ClaimPhase.FAILED:
             # The reason leads the message: the Web UI shows the message first, the failure type further down.

@@ -201,7 +201,7 @@ class ClaimRuntime(SlotVerbs):
 
         The signal goes out in the workflow task that goes on to the projection, not awaited there: waiting for
         the server to acknowledge it cost every move a workflow task and a round trip. Signals still leave in
-        order (each after the one before it), and the run waits for them all before it closes (`told`).
+        order (each after the one before it), and the run waits for them all before it closes (`settled`).
         """
         digest = self.s.digest(workflow_done=final)
         if not workflow.patched(TELL_BESIDE):
@@ -218,10 +218,11 @@ class ClaimRuntime(SlotVerbs):
         except Exception as err:
             workflow.logger.warning("could not tell group %s: %s", seed.group, err)
 
-    async def told(self) -> None:
-        """Every signal to the group has landed (or failed, which is logged): before the run closes or continues."""
-        while self._telling is not None and not self._telling.done():
-            await self._telling
+    def settled(self) -> bool:
+        """No handler still running and every signal to the group landed (or failed, which is logged): the run
+        may close or continue as new. One condition, checked with nothing awaited after it: a handler that
+        started while the run waited for a signal would otherwise be cut off, its own signal with it."""
+        return workflow.all_handlers_finished() and (self._telling is None or self._telling.done())
 
     # --- what the shutdown driver needs (ShutdownHost) ----------------------------------------------------
     @property
