@@ -52,6 +52,12 @@ def homelab_doc(namespace: str, groups: int, slots_per_group: int, *, instant: b
     }
 
 
+def _condition_true(obj: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
 @dataclass
 class Recorder:
     """Emulator listener (on the emulator's loop): when each Node turned Ready and each claim changed phase."""
@@ -67,20 +73,14 @@ class Recorder:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name"))
         if spec.key == ("", "v1", "nodes") and kind != "DELETED":
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (obj.get("status") or {}).get("conditions") or []
-            )
+            ready = _condition_true(obj, "Ready")
             with self.lock:
                 if ready and name not in self.node_ready:
                     self.node_ready[name] = now
                 elif not ready:
                     self.node_ready.pop(name, None)
         elif spec.key == ("batch", "v1", "jobs") and kind != "DELETED":
-            done = any(
-                c.get("type") == "Complete" and c.get("status") == "True"
-                for c in (obj.get("status") or {}).get("conditions") or []
-            )
+            done = _condition_true(obj, "Complete")
             with self.lock:
                 if done and name not in self.job_complete:
                     self.job_complete[name] = now
