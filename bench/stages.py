@@ -6,8 +6,10 @@ initial sync that held every watch event back; five task polls for 200 claims); 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
@@ -63,13 +65,14 @@ class Stages:
         )
 
 
-def _gate_open(payloads: object) -> bool:
-    for payload in payloads:  # type: ignore[attr-defined]
-        try:
-            return bool(json.loads(payload.data).get("gate_open"))
-        except (ValueError, AttributeError):
-            return False
-    return False
+def _gate_open(payloads: Sequence[Payload]) -> bool:
+    """Whether an observation signal's argument says the readiness gate is open (the converter writes JSON)."""
+    if not payloads:
+        return False
+    try:
+        return bool(json.loads(payloads[0].data).get("gate_open"))
+    except (ValueError, AttributeError):
+        return False
 
 
 async def p1_stages(client: Client, namespace: str, ready: dict[str, float], jobs: dict[str, float | None]) -> Stages:

@@ -5,6 +5,7 @@ endpoints, and the threaded process path against the API emulator.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -208,7 +209,7 @@ async def test_the_process_hands_over_to_its_watch_threads_after_one_listing_how
     world.slot("s1")
     w = Watchers(kube, Quiet(), namespaces=[NS], window=2)
     drains: list[str] = []
-    beat = iter(range(1_000_000))
+    beat = itertools.count()
 
     def busy(source: Any, drain: Any) -> Any:
         def drain_and_change() -> Any:
