@@ -76,17 +76,6 @@ def _mapped(what: str) -> Iterator[None]:
         raise _fail(INVALID, f"{what}: {views.without_values(str(exc))}") from None
 
 
-def _time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp from an object (None when absent or unreadable: a view must not fail on it)."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 class KubeActivities:
     """The activities, bound to one `Kube` adapter shared by the worker's thread pool (the client is thread-safe).
 
@@ -220,16 +209,27 @@ class KubeActivities:
         )
 
     @activity.defn(name=c.Act.RECORD_CLAIM)
-    def record_claim(self, w: c.StatusWrite) -> None:
-        """Project the workflow's claim state (status, and spec when given), then one Event once it landed.
+    def record_claim(self, w: c.StatusWrite) -> int:
+        """Project the workflow's claim state (status, and spec when given), then one Event once it landed; the
+        revision the status holds now (0 for an unnumbered write).
 
-        A claim that is gone makes the projection moot: return quietly.
+        A run that records one projection at a time (`above_held`) writes above a revision another run left, and
+        hears when the claim is gone (`NotFound`: deleted by hand): a write never passes for landed when it did
+        not, and the finalizer and the Event follow only a write that landed. For an earlier run a claim that is
+        gone makes the projection moot, as it always did: it returns quietly.
         """
         what = f"record claim {w.namespace}/{w.name}"
+        revision = 0
         with _mapped(what):
             try:
                 if w.revision:
-                    written = self.kube.project_claim_status(w.namespace, w.name, w.status, w.revision)
+                    written, revision = self.kube.project_claim_status(
+                        w.namespace, w.name, w.status, w.revision, above_held=w.above_held
+                    )
+                    if w.above_held and revision > w.revision:
+                        activity.logger.info(
+                            "%s: it held revision %d of another run; written above it", what, revision - 1
+                        )
                 else:  # a generation-2 claim's projection: unnumbered
                     written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(w.status)}, status=True)
                 if w.spec:
@@ -237,13 +237,16 @@ class KubeActivities:
                 if w.release_finalizer:
                     self.kube.remove_claim_finalizer(w.namespace, w.name)
             except NotFound:
+                if w.above_held:
+                    raise
                 activity.logger.info("%s: the claim is gone; nothing to record", what)
-                return
+                return revision
             if w.event_reason:
                 ref = ObjectRef(names.KIND_NODECLAIM, w.namespace, w.name, str(_meta(written).get("uid") or ""))
                 self.kube.create_event(
                     ref, w.event_reason, w.event_message, warning=w.warning, now=self.clock(), occurrence=_occurrence()
                 )
+        return revision
 
     @activity.defn(name=c.Act.ADD_FINALIZER)
     def add_claim_finalizer(self, ref: c.ClaimRef) -> None:
@@ -447,7 +450,7 @@ class KubeActivities:
             elif node is None and template is None:
                 template = template_from_status(slot_name, node_name, _status(slot).get("nodeTemplate"))
         found = views.group_spec(group)
-        claim_views = [_claim_view(cl) for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))]
+        claim_views = [views.claim_view(cl, now) for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))]
         common: dict[str, Any] = {
             "namespace": ref.namespace,
             "name": ref.group,
@@ -482,29 +485,6 @@ class KubeActivities:
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
-
-
-def _claim_view(claim: Mapping[str, Any]) -> c.ClaimView | None:
-    """A claim resource as the group reads it (no phase yet is pending); None when it cannot be run."""
-    if views.claim_problem(claim):
-        return None
-    spec, status, meta = _spec(claim), _status(claim), _meta(claim)
-    return c.ClaimView(
-        name=str(meta.get("name")),
-        slot=str(spec.get("node") or ""),
-        phase=str(status.get("phase") or names.ClaimPhase.PENDING),
-        attempt=int(status.get("attempt") or 1),
-        call=str(spec.get("call") or names.ClaimCall.MANUAL),
-        marked=bool(meta.get("deletionTimestamp")),
-        # A claim written by hand may leave requestedAt out: it was asked for when it was created.
-        requested_at=_time(spec.get("requestedAt")) or _time(meta.get("creationTimestamp")),
-        deadline_at=_time(spec.get("deadlineAt")),
-        finished_at=_time(status.get("finishedAt")),
-        reason=str(status.get("reason") or ""),
-        ttl_seconds=views.claim_ttl_seconds(claim),
-        max_provision_seconds=views.claim_max_provision_seconds(claim),
-        has_attempt=isinstance(status.get("attempt"), int),
-    )
 
 
 def last_claim_of(slot: str, doc: Any) -> c.ClaimDigest | None:

@@ -133,6 +133,33 @@ class SlotRef:
 
 
 @dataclass(frozen=True)
+class ConditionRecord:
+    """One condition as a claim resource holds it (its clock is `since`, the lastTransitionTime)."""
+
+    type: str
+    status: bool
+    since: datetime
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What a claim resource holds of the runs that wrote it: a run started from the resource (a claim taken over
+    after its workflow was lost) continues this record instead of starting one of its own."""
+
+    revision: int = 0
+    message: str = ""
+    shutdown_attempts: int = 0
+    last_shutdown_attempt_at: datetime | None = None
+    finished_at: datetime | None = None
+    conditions: tuple[ConditionRecord, ...] = ()
+
+    def condition(self, kind: str) -> ConditionRecord | None:
+        return next((cond for cond in self.conditions if cond.type == kind), None)
+
+
+@dataclass(frozen=True)
 class ClaimSeed:
     """Everything a NodeClaimWorkflow starts from; the group decides all of it before the child starts."""
 
@@ -154,6 +181,11 @@ class ClaimSeed:
     # the reason of a mark that came with the claim (a hand-applied claim already being deleted).
     observation: Observation = field(default_factory=Observation)
     marked_reason: str = ""
+    # Generation 7: the record a run started from a resource continues (None: a claim with no status yet), and
+    # for a claim no group can take (its slot or group does not exist) the reason and message it fails with.
+    record: ClaimRecord | None = None
+    refused_reason: str = ""
+    refused_message: str = ""
 
 
 @dataclass(frozen=True)
@@ -213,6 +245,18 @@ class StatusWrite:
     warning: bool = False
     release_finalizer: bool = False  # the claim's last write: nothing more will be done for its machine
     revision: int = 0  # the workflow's number for this projection: a stored later one is never overwritten
+    # Generation 7: the run records one projection at a time, so a revision the resource holds at or above this
+    # one is another run's (a lost one): the write lands above it, never skipped. The activity returns the number.
+    above_held: bool = False
+
+
+@dataclass(frozen=True)
+class StatusEdit:
+    """A person's edit of a claim's status, as the watchers saw it land (the revision did not move): the stored
+    operator-owned fields, for the claim to act on (a streak reset) or to overwrite with its record."""
+
+    revision: int
+    status: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -294,6 +338,7 @@ class ClaimView:
     ttl_seconds: int = 3600
     max_provision_seconds: float = 0.0
     has_attempt: bool = False  # status.attempt was written: the claim's own number (a lost run), not a seed
+    record: ClaimRecord | None = None  # what its status holds (None: no status yet, a claim applied by hand)
 
 
 @dataclass(frozen=True)
@@ -420,6 +465,7 @@ class ClaimSignal(StrEnum):
     MARK_FOR_DELETION = "mark_for_deletion"
     SUPERSEDED = "superseded"
     SLOT_DELETED = "slot_deleted"
+    STATUS_EDITED = "status_edited"
 
 
 class ClaimUpdate(StrEnum):

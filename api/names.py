@@ -163,6 +163,23 @@ class ClaimReason(StrEnum):
     MAX_SIZE_REACHED = "MaxSizeReached"  # a hand-applied claim the group had no room for: cancelled, nothing bought
     DELETED_BY_HAND = "DeletedByHand"
     ADOPTED = "Adopted"
+    # A claim no group can take: it names a slot its group does not have, or a group that does not exist.
+    SLOT_NOT_FOUND = "SlotNotFound"
+    GROUP_NOT_FOUND = "GroupNotFound"
+
+
+# NodeClaim.status fields its workflow writes (the claim's record); `revision` numbers the writes themselves. A
+# person's edit of one of them is overwritten with the record, but for the shutdown streak's reset (an input).
+OWNED_CLAIM_STATUS = (
+    "phase",
+    "reason",
+    "message",
+    "attempt",
+    "shutdownAttempts",
+    "lastShutdownAttemptAt",
+    "finishedAt",
+    "conditions",
+)
 
 
 class ConditionType(StrEnum):
@@ -202,6 +219,10 @@ class EventReason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     MACHINE_ADOPTED = "MachineAdopted"
     MACHINE_RELEASED = "MachineReleased"
+    # A run started from a resource whose workflow was lost; a person's edit of a claim's status.
+    CLAIM_TAKEN_OVER = "ClaimTakenOver"
+    SHUTDOWN_STREAK_RESET = "ShutdownStreakReset"
+    STATUS_OVERWRITTEN = "StatusOverwritten"
 
 
 class Failure(StrEnum):

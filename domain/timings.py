@@ -55,6 +55,9 @@ class Timings:
     read_timeout: timedelta = timedelta(seconds=15)
     # How long a watcher waits for a workflow's answer to a Query before it moves on (the next event asks again).
     watcher_query_timeout: timedelta = timedelta(seconds=3)
+    # A claim whose slot or group does not exist is failed once it is this old: the slot applied beside it (the
+    # same `kubectl apply`, another watch's stream) has had time to arrive.
+    homeless_claim_grace: timedelta = timedelta(minutes=1)
 
 
 TIMINGS = Timings()

@@ -105,6 +105,12 @@ def _body(resp: Any) -> Any:
     return json.loads(data)
 
 
+def _same_status(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """A stored claim status holds `wanted` (a merge patch's None is a field left out; the revision aside)."""
+    kept = {k: v for k, v in stored.items() if k != "revision" and v is not None}
+    return kept == {k: v for k, v in wanted.items() if v is not None}
+
+
 def _taint_key(t: Mapping[str, Any]) -> tuple[str, str]:
     return (str(t.get("key", "")), str(t.get("effect", "")))
 
@@ -442,18 +448,37 @@ class Kube:
 
         return self._cas(KUBELET_NODES, None, name, change)
 
-    def project_claim_status(self, namespace: str, name: str, status: Mapping[str, Any], revision: int) -> JSON:
-        """Write a claim's status unless the stored one is of the same or a later revision (its workflow numbers
-        every projection): a retried or late-arriving write can never put back an older claim state.
+    def project_claim_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], revision: int, *, above_held: bool = False
+    ) -> tuple[JSON, int]:
+        """Write a claim's status numbered `revision`; the object as written and the revision it holds now.
+
+        Its workflow numbers every projection, so a retried or late-arriving write can never put back an older
+        claim state: a stored revision at or past this one is not overwritten. With `above_held` (a run that
+        records one projection at a time) a stored revision at or past this one can only be another run's (a lost
+        one's record, or its write that landed late): this write lands above it instead. A stored revision equal to
+        this one holding the same status is this write, landed on an earlier try.
         """
+        landed = revision
 
         def change(obj: JSON) -> JSON | None:
-            held = (obj.get("status") or {}).get("revision")
-            if isinstance(held, int) and held >= revision:
+            nonlocal landed
+            stored = obj.get("status") or {}
+            held = stored.get("revision")
+            if not isinstance(held, int) or held < revision:
+                landed = revision
+            elif held == revision and _same_status(stored, status):
+                landed = revision
                 return None
-            return {"status": {**dict(status), "revision": revision}}
+            elif not above_held:
+                landed = held
+                return None
+            else:
+                landed = held + 1
+            return {"status": {**dict(status), "revision": landed}}
 
-        return self._cas(CLAIMS, namespace, name, change, status=True)
+        written = self._cas(CLAIMS, namespace, name, change, status=True)
+        return written, landed
 
     def stamp_taints(self, name: str, taints: Iterable[Mapping[str, Any]]) -> JSON:
         """Add taints (matched by key and effect); the ones already there are kept as they are."""

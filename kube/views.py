@@ -179,6 +179,74 @@ def claim_max_provision_seconds(claim: Mapping[str, Any] | None) -> float:
         return 0.0
 
 
+def claim_view(claim: Mapping[str, Any], now: datetime) -> c.ClaimView | None:
+    """A claim resource as the group (and the watchers) read it: no phase yet is pending; None when it cannot be
+    run. `now` stands for a condition's lost clock (a lastTransitionTime missing or unreadable)."""
+    if claim_problem(claim):
+        return None
+    st, m = status(claim), meta(claim)
+    return c.ClaimView(
+        name=str(m.get("name")),
+        slot=str(spec(claim).get("node") or ""),
+        phase=str(st.get("phase") or names.ClaimPhase.PENDING),
+        attempt=int(st.get("attempt") or 1),
+        call=str(spec(claim).get("call") or names.ClaimCall.MANUAL),
+        marked=bool(m.get("deletionTimestamp")),
+        # A claim written by hand may leave requestedAt out: it was asked for when it was created.
+        requested_at=time_of(spec(claim).get("requestedAt")) or time_of(m.get("creationTimestamp")),
+        deadline_at=time_of(spec(claim).get("deadlineAt")),
+        finished_at=time_of(st.get("finishedAt")),
+        reason=str(st.get("reason") or ""),
+        ttl_seconds=claim_ttl_seconds(claim),
+        max_provision_seconds=claim_max_provision_seconds(claim),
+        has_attempt=isinstance(st.get("attempt"), int),
+        record=claim_record(claim, now),
+    )
+
+
+def claim_record(claim: Mapping[str, Any] | None, now: datetime) -> c.ClaimRecord | None:
+    """What the claim's status holds of the runs that wrote it, for a run started from the resource to continue
+    (None when nothing was ever recorded: a claim applied by hand)."""
+    st = status(claim)
+    revision = st.get("revision")
+    if not st.get("phase") and not isinstance(revision, int):
+        return None
+    conditions = tuple(
+        c.ConditionRecord(
+            type=str(cd["type"]),
+            status=cd.get("status") == "True",
+            since=time_of(cd.get("lastTransitionTime")) or now,
+            reason=str(cd.get("reason") or ""),
+            message=str(cd.get("message") or ""),
+        )
+        for cd in st.get("conditions") or []
+        if isinstance(cd, Mapping) and cd.get("type")
+    )
+    attempts = st.get("shutdownAttempts")
+    return c.ClaimRecord(
+        revision=revision if isinstance(revision, int) and revision > 0 else 0,
+        message=str(st.get("message") or ""),
+        shutdown_attempts=attempts if isinstance(attempts, int) and attempts > 0 else 0,
+        last_shutdown_attempt_at=time_of(st.get("lastShutdownAttemptAt")),
+        finished_at=time_of(st.get("finishedAt")),
+        conditions=conditions,
+    )
+
+
+def status_edit(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> c.StatusEdit | None:
+    """A person's edit of a claim's status between two versions: the fields its workflow owns changed while the
+    revision its workflow numbers every write with did not (None for anything else, the workflow's own writes
+    included; a claim not yet numbered cannot be told apart and is left out)."""
+    before, after = status(old), status(new)
+    revision = after.get("revision")
+    if old is None or not isinstance(revision, int) or revision <= 0 or before.get("revision") != revision:
+        return None
+    owned = {key: after.get(key) for key in names.OWNED_CLAIM_STATUS}
+    if owned == {key: before.get(key) for key in names.OWNED_CLAIM_STATUS}:
+        return None
+    return c.StatusEdit(revision, {key: value for key, value in owned.items() if value is not None})
+
+
 _TEMPLATE_STATUS_FIELDS = ("capacity", "allocatable", "nodeInfo")
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"
 

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,7 +23,7 @@ from typing import Any
 
 from homelab_sim.homelab import HomelabServer
 from homelab_sim.homelab_spec import parse_homelab_spec
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -297,6 +297,27 @@ class Lab:
             return st if st["phase"] == phase else None
 
         return await self.until(check, within=within, step=step, what=f"claim {name} {phase}")  # type: ignore[no-any-return]
+
+    async def lose_workflows(self, claims: Iterable[str], slots: Iterable[str], group: str = "g") -> list[str]:
+        """Temporal loses every workflow here (terminated, as from the Web UI, or with its database): the group's,
+        these claims' and these slots' releases. The `<id>@<run id>` of every run that was running."""
+        ids = [c.group_workflow_id(NS, group)]
+        ids += [c.claim_workflow_id(NS, name) for name in claims]
+        ids += [c.release_workflow_id(NS, slot) for slot in slots]
+        lost = []
+        for wid in ids:
+            handle = self.client.get_workflow_handle(wid)
+            try:
+                desc = await handle.describe()
+                if desc.status != WorkflowExecutionStatus.RUNNING:
+                    continue
+                await handle.terminate("lost: the workflow is gone, its resource is not")
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:  # closed or never there: nothing to lose
+                    raise
+                continue
+            lost.append(f"{wid}@{desc.run_id}")
+        return lost
 
     # --- the cluster -------------------------------------------------------------------------------------------
     def claim_resource(self, name: str) -> dict[str, Any] | None:

@@ -219,6 +219,68 @@ def test_record_claim_on_a_gone_claim_is_moot(cluster: EmulatorServer, acts: Kub
     assert objects(cluster, "v1", "events") == []
 
 
+def test_a_numbered_record_lands_above_another_runs_revision_and_never_passes_for_landed(
+    cluster: EmulatorServer, acts: KubeActivities
+) -> None:
+    """A run that records one projection at a time: the resource holds revision 3 of a lost run, so this run's
+    revision 1 lands as 4 (returned), never skipped; its retry (same status) is found landed; a gone claim is an
+    error. An earlier run's write keeps the old rule: a stored later revision (its own) is not overwritten.
+    """
+    acts.create_claim_held(seed())
+    acts.record_claim(c.StatusWrite(NS, "c1", status={"phase": "ready", "attempt": 1}, revision=3))
+    # An earlier run's projections could overlap (a handler's beside the run's): a later one of its own stands.
+    assert acts.record_claim(c.StatusWrite(NS, "c1", status={"phase": "failed"}, revision=1)) == 3
+    claim = stored(cluster, CRD, "nodeclaims", NS, "c1")
+    assert claim["status"]["phase"] == "ready" and claim["metadata"]["finalizers"]
+    write = c.StatusWrite(
+        NS, "c1", status={"phase": "completed", "attempt": 1, "reason": "NodeDeleted"}, event_reason="ClaimCompleted",
+        release_finalizer=True, revision=1, above_held=True,
+    )  # fmt: skip
+    assert acts.record_claim(write) == 4
+    assert acts.record_claim(dataclasses.replace(write, revision=4)) == 4  # its retry: landed already, not again
+    claim = stored(cluster, CRD, "nodeclaims", NS, "c1")
+    assert claim["status"] == {"phase": "completed", "attempt": 1, "reason": "NodeDeleted", "revision": 4}
+    assert not claim["metadata"].get("finalizers")
+    assert [e["reason"] for e in objects(cluster, "v1", "events") if e["reason"] != "ClaimCreated"] == [
+        "ClaimCompleted"
+    ]
+    with pytest.raises(ApplicationError) as err:
+        acts.record_claim(dataclasses.replace(write, name="gone"))
+    failure(err, "NotFound")
+
+
+def test_claim_record_and_status_edit_views() -> None:
+    """What a run taken over reads back, and what the watchers call a person's edit (the revision did not move)."""
+    status = {
+        "phase": "ready",
+        "attempt": 2,
+        "revision": 5,
+        "shutdownAttempts": 3,
+        "lastShutdownAttemptAt": "2026-01-01T08:30:00Z",
+        "conditions": [
+            {"type": "MachineObservedOff", "status": "True", "lastTransitionTime": "2026-01-01T08:00:00Z"},
+            {"type": "Ready", "status": "True"},
+        ],
+    }  # fmt: skip
+    claim = {"metadata": {"name": "c1"}, "spec": {"node": "worker-1", "group": "workers"}, "status": status}
+    record = views.claim_record(claim, NOW)
+    assert record is not None
+    assert (record.revision, record.shutdown_attempts) == (5, 3)
+    assert record.last_shutdown_attempt_at == datetime(2026, 1, 1, 8, 30, tzinfo=UTC)
+    off = record.condition("MachineObservedOff")
+    assert off is not None and off.status and off.since == datetime(2026, 1, 1, 8, tzinfo=UTC)
+    ready = record.condition("Ready")
+    assert ready is not None and ready.since == NOW, "a condition without its clock counts from the read"
+    assert views.claim_record({"spec": claim["spec"]}, NOW) is None, "nothing recorded: applied by hand"
+    reset: dict[str, Any] = {**status, "shutdownAttempts": 0, "lastShutdownAttemptAt": None}
+    edited = {**claim, "status": reset}
+    edit = views.status_edit(claim, edited)
+    assert edit == c.StatusEdit(5, {k: v for k, v in reset.items() if k != "revision" and v is not None})
+    assert views.status_edit(claim, {**claim, "status": {**status, "revision": 6, "phase": "failed"}}) is None
+    assert views.status_edit(None, edited) is None
+    assert views.status_edit(claim, {**claim, "metadata": {"name": "c1", "finalizers": []}}) is None
+
+
 def test_finalizer_release_and_delete_are_idempotent(cluster: EmulatorServer, acts: KubeActivities) -> None:
     acts.create_claim(seed())
     ref = c.ClaimRef(NS, "c1")
@@ -558,6 +620,7 @@ def test_load_group(cluster: EmulatorServer, acts: KubeActivities) -> None:
             deadline_at=NOW + timedelta(minutes=15),
             max_provision_seconds=900.0,
             has_attempt=True,
+            record=c.ClaimRecord(),  # what a run taken over goes on from: nothing numbered yet
         ),
         c.ClaimView(
             name="c2",
@@ -569,6 +632,7 @@ def test_load_group(cluster: EmulatorServer, acts: KubeActivities) -> None:
             requested_at=NOW,
             max_provision_seconds=900.0,
             has_attempt=True,  # create_claim stamps the first status
+            record=c.ClaimRecord(),
         ),
     )
     template = view.template

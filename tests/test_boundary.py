@@ -95,6 +95,7 @@ def test_wire_names_are_the_released_ones() -> None:
         "NodeClaimWorkflow": {
             "observe", "job_finished", "mark_for_deletion", "superseded", "slot_deleted",
             "reset_shutdown_streak", "status", "digest",
+            "status_edited",
         },
         "ReleaseWorkflow": {"observe", "job_finished", "abort", "reset_shutdown_streak"},
     }  # fmt: skip

@@ -39,6 +39,9 @@ class _Refusing:
     async def claim_running(self, namespace: str, claim: str) -> bool:
         return False
 
+    async def start_claim(self, seed: c.ClaimSeed) -> bool:
+        return False
+
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int:
         return 0
 

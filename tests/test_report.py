@@ -52,6 +52,9 @@ class Quiet:
     async def claim_running(self, namespace: str, claim: str) -> bool:
         return True
 
+    async def start_claim(self, seed: c.ClaimSeed) -> bool:
+        return True
+
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int:
         return sum(
             1 for w, s in self.sent if (signal is None or s == signal) and (workflow_id is None or w == workflow_id)

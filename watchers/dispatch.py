@@ -7,7 +7,10 @@
   every slot's observation is sent once, whatever was sent before.
 * Job → `job_finished` to its claim (or, for a law-3 Job, to the slot's release workflow), once per Job.
 * NodeClaim → a deletionTimestamp, or a deletion, is `mark_for_deletion(DeletedByHand)` once per claim; a
-  claim no workflow runs (applied by hand) makes its group reload, which takes it over.
+  claim no workflow runs (applied by hand) makes its group reload, which takes it over. A person's edit of a
+  claim's status (the fields its workflow owns changed, its revision did not) is `status_edited` to its workflow.
+  A live claim whose slot or group does not exist, still so `homeless_claim_grace` after its creation and with
+  no workflow, gets a workflow of its own that fails it (no group can take it).
 * slot and Group → a new, changed (spec) or deleted one makes its group reload; every Group gets its workflow
   signalled-with-start after each list of the Groups.
 
@@ -26,9 +29,11 @@ from typing import Any
 
 from api import contracts as c
 from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, ClaimReason
+from domain import law
+from domain.timings import TIMINGS
 from kube import views
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Resource
-from kube.objects import meta, spec
+from kube.objects import meta, spec, status
 from kube.views import job_status, observe, readiness_taints
 from kube.watch import DELETED, SYNCED, WatchEvent
 from watchers.cluster import JSON, Cluster, Key, key_of, newer_or_same
@@ -66,6 +71,8 @@ class Dispatcher:
         self._chains: dict[Any, asyncio.Task[None]] = {}
         self.dirty_slots: set[Key] = set()
         self.dirty_groups: set[tuple[str, str]] = set()
+        self.homeless: dict[Key, datetime] = {}  # live claims no group can take, and when they may be failed
+        self.homeless_noted = asyncio.Event()  # a claim was added there: the process's check wakes for it
 
     # --- the one entry point ---------------------------------------------------------------------------
     async def handle(self, resource: Resource, event: WatchEvent, *, relisting: bool = False) -> None:
@@ -335,6 +342,11 @@ class Dispatcher:
         obj = event.object if event.type != DELETED else (old or event.object)
         ns, name = key
         slot_key = (ns, str(spec(obj).get("node") or ""))
+        edit = views.status_edit(old, obj) if event.type != DELETED else None
+        if edit is not None and self.acting:
+            # Delivered whatever the edit left (even a status no contract accepts): the claim overwrites it.
+            await self._send(("claim", ns, name), lambda: self._status_edited(ns, name, edit))
+        self._note_homeless(key, obj if event.type != DELETED else None)
         problem = views.claim_problem(obj) if event.type != DELETED else ""
         if problem:
             # A claim that cannot be run is no claim to the picture (no report, no signal): only its Warning.
@@ -359,6 +371,90 @@ class Dispatcher:
                 await self.observe(slot_key)  # the live claim may have changed: the new one hears the machine
             await self._reports([slot_key])
 
+    async def _status_edited(self, ns: str, name: str, edit: c.StatusEdit) -> None:
+        if not await self.signals.claim(ns, name, c.ClaimSignal.STATUS_EDITED, edit):
+            log.info("claim %s/%s: a hand edit of its status was not delivered (no workflow runs it)", ns, name)
+
+    # --- claims no group can take ----------------------------------------------------------------------
+    def home_problem(self, claim: JSON) -> tuple[str, str] | None:
+        """Why no group can take a claim (a reason and a message), or None: its group and its slot exist, and the
+        slot is in that group."""
+        ns = key_of(claim)[0]
+        group, slot_name = str(spec(claim).get("group") or ""), str(spec(claim).get("node") or "")
+        if (ns, group) not in self.cluster.groups:
+            return ClaimReason.GROUP_NOT_FOUND, f"group {group} does not exist in namespace {ns}"
+        slot = self.cluster.slots.get((ns, slot_name))
+        if slot is None:
+            return ClaimReason.SLOT_NOT_FOUND, f"slot {slot_name} does not exist in namespace {ns}"
+        if spec(slot).get("group") != group:
+            return (
+                ClaimReason.SLOT_NOT_FOUND,
+                f"group {group} has no slot {slot_name} (it is in group {spec(slot).get('group')})",
+            )
+        return None
+
+    def _note_homeless(self, key: Key, claim: JSON | None) -> None:
+        """Keep a live, runnable claim that no group can take until its grace has passed (then it is failed)."""
+        live = claim is not None and law.is_live(status(claim).get("phase") or None) and not views.claim_problem(claim)
+        if claim is None or not live or self.home_problem(claim) is None:
+            self.homeless.pop(key, None)
+            return
+        if key not in self.homeless:
+            created = views.time_of(meta(claim).get("creationTimestamp")) or self.clock()
+            self.homeless[key] = created + TIMINGS.homeless_claim_grace
+            self.homeless_noted.set()
+
+    def _note_homeless_of(self, which: Callable[[JSON], bool]) -> None:
+        """A slot or a Group is gone: the claims that named it may have no group left to take them."""
+        for key, claim in list(self.cluster.claims.items()):
+            if which(claim):
+                self._note_homeless(key, claim)
+
+    def next_homeless(self) -> datetime | None:
+        return min(self.homeless.values(), default=None)
+
+    async def refuse_homeless(self) -> int:
+        """Fail every claim no group can take whose grace has passed: its own workflow records the failure (the
+        claim's one writer), and nothing else is touched. The number of workflows started."""
+        if not self.acting:
+            return 0
+        now, started = self.clock(), 0
+        for key, due in sorted(self.homeless.items()):
+            claim = self.cluster.claims.get(key)
+            problem = self.home_problem(claim) if claim is not None else None
+            if claim is None or problem is None:
+                self.homeless.pop(key, None)
+                continue
+            if due > now:
+                continue
+            view = views.claim_view(claim, now)
+            if view is None or await self.signals.claim_running(*key):
+                self.homeless.pop(key, None)  # a workflow runs it: its group or its own end decides
+                continue
+            seed = c.ClaimSeed(
+                namespace=key[0],
+                name=key[1],
+                slot=view.slot,
+                group=str(spec(claim).get("group") or ""),
+                call=view.call,
+                attempt=view.attempt,
+                requested_at=view.requested_at or now,
+                deadline_at=view.deadline_at,
+                max_provision_seconds=view.max_provision_seconds,
+                ttl_seconds=view.ttl_seconds,
+                phase=view.phase,
+                reason=view.reason,
+                create_resource=False,
+                record=view.record,
+                refused_reason=problem[0],
+                refused_message=problem[1],
+            )
+            if await self.signals.start_claim(seed):
+                started += 1
+                self.homeless.pop(key, None)
+                log.warning("claim %s/%s: no group can take it: %s", key[0], key[1], problem[1])
+        return started
+
     # --- slots -------------------------------------------------------------------------------------------
     async def _slot(self, event: WatchEvent, relisting: bool) -> None:
         if event.type == SYNCED:
@@ -375,6 +471,7 @@ class Dispatcher:
             await self.writer.warn_invalid(KIND_NODE, obj, views.slot_problem(obj), self.clock())
         if event.type == DELETED:
             self.sent.pop(key, None)
+            self._note_homeless_of(lambda claim: key_of(claim)[0] == ns and spec(claim).get("node") == key[1])
             group = str(spec(old).get("group") or "")
             if not relisting:
                 await self._refresh(ns, group)
@@ -405,6 +502,7 @@ class Dispatcher:
             return
         ns, name = key
         if event.type == DELETED:
+            self._note_homeless_of(lambda claim: key_of(claim)[0] == ns and spec(claim).get("group") == name)
             if self.acting:
                 await self.signals.group(
                     ns, name, c.GroupSignal.REFRESH, start=False

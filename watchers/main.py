@@ -125,6 +125,7 @@ class Watchers:
                 await self.lead()
             if not batch or (until_ready and self.ready):
                 break
+        await self.dispatcher.refuse_homeless()
         return total
 
     # --- the process -------------------------------------------------------------------------------------
@@ -176,6 +177,21 @@ class Watchers:
                 except Exception:
                     log.exception("report pass failed")
 
+    async def _refuse_homeless(self) -> None:
+        """Claims no group can take are failed when their grace has passed: woken by a new one, or the earliest due
+        (bounded by the resync interval)."""
+        noted = self.dispatcher.homeless_noted
+        while True:
+            due = self.dispatcher.next_homeless()
+            wait = self.resync if due is None else min(self.resync, max(due - self.clock(), timedelta(seconds=5)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(noted.wait(), wait.total_seconds())
+            noted.clear()
+            try:
+                await self.dispatcher.refuse_homeless()
+            except Exception:  # the next pass tries again
+                log.exception("failing the claims no group can take failed")
+
     async def run(self, stop: asyncio.Event, *, renew_every: float = 5.0) -> None:
         """Run until `stop` is set; then stop acting, release the Lease and close the watches."""
         # The process's way from the first event on: signals beside the events, reports coalesced by their task.
@@ -190,6 +206,7 @@ class Watchers:
             asyncio.create_task(self._write_reports(dirty), name="reports"),
             asyncio.create_task(self._leadership(renew_every), name="lease"),
             asyncio.create_task(self._expiry(), name="report expiry"),
+            asyncio.create_task(self._refuse_homeless(), name="claims no group takes"),
         ]
         try:
             await stop.wait()

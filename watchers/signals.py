@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from api import contracts as c
@@ -39,6 +40,8 @@ class SignalSink(Protocol):
     ) -> bool: ...
 
     async def claim_running(self, namespace: str, claim: str) -> bool: ...
+
+    async def start_claim(self, seed: c.ClaimSeed) -> bool: ...
 
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int: ...
 
@@ -105,6 +108,23 @@ class Signals:
         except RPCError:
             return False
         return desc.status is not None and desc.status.name == "RUNNING"
+
+    async def start_claim(self, seed: c.ClaimSeed) -> bool:
+        """Start the workflow of a claim no group takes (its seed says why it fails); False when it runs already or
+        Temporal did not answer (the next check asks again)."""
+        workflow_id = c.claim_workflow_id(seed.namespace, seed.name)
+        try:
+            await self.client.start_workflow(
+                c.WorkflowName.CLAIM,
+                args=[seed, None],
+                id=workflow_id,
+                task_queue=self.task_queue,
+                static_summary=f"claim {seed.name}: {seed.refused_message}",
+            )
+        except (RPCError, WorkflowAlreadyStartedError) as err:
+            log.info("claim %s not started: %s", workflow_id, err)
+            return False
+        return True
 
     def count(self, signal: str | None = None, workflow_id: str | None = None) -> int:
         return sum(

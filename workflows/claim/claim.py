@@ -18,7 +18,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
-from api.names import ClaimPhase, ClaimReason, ConditionType
+from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
 from workflows.claim.boot import boot
 from workflows.claim.launch import launch
 from workflows.claim.liveness import serve
@@ -85,6 +85,12 @@ class Claim(ClaimRuntime):
         seed = s.seed
         self.search_attributes()
         self.details("created")
+        if seed.refused_reason:
+            # No group can take it (its slot or group does not exist): it ends here, and nothing else is touched. A
+            # finalizer a lost run left on it is let go with the failure (none there: nothing is written for it).
+            s.finalizer = True
+            await self.move(ClaimPhase.FAILED, seed.refused_reason, seed.refused_message, warning=True)
+            return
         if seed.create_resource:
             held = workflow.patched(CREATED_HELD)
             act = c.Act.CREATE_CLAIM_HELD if held else c.Act.CREATE_CLAIM
@@ -96,12 +102,23 @@ class Claim(ClaimRuntime):
                 return
             s.finalizer = held
         else:
-            await self.project(summary=f"take over claim {seed.name}")
+            await self.project(*self._taken_over(), summary=f"take over claim {seed.name}")
         if s.phase in (ClaimPhase.BOOTING, ClaimPhase.READY) and not s.resource_gone and not s.finalizer:
             # Already committed to a machine (adopted, or taken over mid-boot): the finalizer holds the claim until
             # that machine is verified off, as a boot's would.
             await self.write(c.Act.ADD_FINALIZER, self.claim_ref(), f"add the finalizer to claim {seed.name}")
             s.finalizer = not s.resource_gone
+
+    def _taken_over(self) -> tuple[EventReason, str]:
+        """The Event of a run started from a resource: a claim applied by hand is created now; one whose workflow
+        was lost goes on from the record its resource holds."""
+        seed = self.s.seed
+        if seed.record is None:
+            return EventReason.CLAIM_CREATED, f"attempt {seed.attempt} for slot {seed.slot} ({seed.call})"
+        return EventReason.CLAIM_TAKEN_OVER, (
+            f"its workflow was lost; a new run goes on from its record ({seed.phase}, revision "
+            f"{seed.record.revision}, attempt {seed.attempt})"
+        )
 
     # --- handlers: they record inputs, the run decides -------------------------------------------------
     def observe(self, observation: c.Observation) -> None:
@@ -141,6 +158,35 @@ class Claim(ClaimRuntime):
         self.s.book.reset()
         await self.project()
         return before
+
+    async def status_edited(self, edit: c.StatusEdit) -> None:
+        """A person edited the claim's status (the watchers saw it land). Setting `shutdownAttempts` to 0 is the
+        seed's way to reset a spent shutdown streak: an input, acted on as the reset Update is. Any other edit of
+        what the claim records is overwritten with the record, and a Warning Event says which fields.
+        """
+        s = self.s
+        if s.terminal:
+            return
+        edited = s.edited_fields(edit.status)
+        before = s.book.attempts
+        reset = "shutdownAttempts" in edited and not edit.status.get("shutdownAttempts")
+        if reset:
+            s.book.reset()
+            edited = s.edited_fields(edit.status)
+        if not edited and not reset:
+            return
+        streak = f"the shutdown streak was reset by hand (it stood at {before})"
+        if not edited:
+            await self.project(EventReason.SHUTDOWN_STREAK_RESET, streak, summary=f"record the reset on {s.seed.name}")
+            return
+        fields = ", ".join(f"status.{name}" for name in edited)
+        message = f"{fields} edited by hand; overwritten with the claim's record"
+        await self.project(
+            EventReason.STATUS_OVERWRITTEN,
+            f"{message}; {streak}" if reset else message,
+            warning=True,
+            summary=f"overwrite a hand edit of claim {s.seed.name}",
+        )
 
     def status(self) -> dict[str, Any]:
         s = self.s

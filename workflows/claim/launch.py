@@ -7,11 +7,18 @@ outcome is unknown the startup Job is read, so a cancelled claim never leaves a 
 
 from __future__ import annotations
 
+from temporalio import workflow
+
 from api import contracts as c
 from api.names import ClaimPhase, ClaimReason, EventReason, JobType, Operation
 from domain import claims, law
 from domain.timings import TIMINGS
 from workflows.claim.runtime import ClaimRuntime
+from workflows.verbs import Broken, Deadline
+
+# A claim that fails while its startup Job is being made (the deadline, a refusal) reads whether the Job exists
+# before it names it anywhere (generation 7 histories on).
+SETTLE_UNBOUGHT_JOB = "claim-settles-an-unbought-startup-job"
 
 
 async def launch(rt: ClaimRuntime) -> None:
@@ -49,18 +56,28 @@ async def launch(rt: ClaimRuntime) -> None:
         return
     job = c.job_name(seed.name, JobType.STARTUP, 1)
 
+    async def job_state() -> c.JobStatus | None:
+        return await rt.read(c.Act.READ_JOB, c.JobRef(seed.namespace, job), c.JobStatus, f"read startup Job {job}")
+
     async def job_exists() -> bool:
-        status = await rt.read(c.Act.READ_JOB, c.JobRef(seed.namespace, job), c.JobStatus, f"read startup Job {job}")
+        status = await job_state()
         return status is not None and status.state != c.JOB_MISSING
 
     s.startup_job = job  # named before it is asked for: a boot whose Job may exist is never forgotten
-    bought = await rt.buy(
-        c.Act.CREATE_JOB,
-        c.JobRequest(seed.namespace, seed.slot, JobType.STARTUP, 1, seed.name, job),
-        f"startup Job {job}",
-        stop=stop,
-        landed=job_exists,
-    )
+    try:
+        bought = await rt.buy(
+            c.Act.CREATE_JOB,
+            c.JobRequest(seed.namespace, seed.slot, JobType.STARTUP, 1, seed.name, job),
+            f"startup Job {job}",
+            stop=stop,
+            landed=job_exists,
+        )
+    except (Deadline, Broken):
+        # The claim fails before it knows its Job was made: a Job that is not there is not named in its ClaimFailed,
+        # and its release does not wait for it. One the read cannot rule out stays named.
+        if workflow.patched(SETTLE_UNBOUGHT_JOB) and (found := await job_state()) and found.state == c.JOB_MISSING:
+            s.startup_job = ""
+        raise
     if not bought:
         s.startup_job = ""
         await _not_bought(rt)
@@ -84,7 +101,11 @@ async def cancel(rt: ClaimRuntime) -> None:
     s.collect_now = True  # the claim deletes its own resource: nothing for the group to collect
     rt.search_attributes()
     await rt.notify_group(final=True)
-    await rt.project(EventReason.CLAIM_CANCELLED, s.message)
+    # Its Event carries the attempt's numbers, as every move's does (the Job is named only if one was made).
+    said = claims.move_message(
+        ClaimPhase.COMPLETED, s.reason, s.message, s.seed, s.startup_job, s.deadline_at, s.finished_at
+    )
+    await rt.project(EventReason.CLAIM_CANCELLED, said)
     if not s.resource_gone:
         await rt.write(c.Act.DELETE_CLAIM, rt.claim_ref(), f"delete cancelled claim {s.seed.name}")
     s.resource_gone = True

@@ -49,6 +49,9 @@ FAILURE_REASONS: dict[Failure, ClaimReason] = {
 
 # A move's signal to the group leaves in the same workflow task as its projection (generation 6 histories on).
 TELL_BESIDE = "claim-tells-group-beside-its-projection"
+# Projections are recorded one at a time (a handler's waits for the run's), so a revision the resource holds at or
+# past the run's own is another run's: the write lands above it, never skipped (generation 7 histories on).
+SERIAL_RECORDS = "claim-records-one-at-a-time"
 
 
 def failure_reason(kind: str) -> ClaimReason:
@@ -64,6 +67,7 @@ class ClaimRuntime(SlotVerbs):
 
     s: ClaimState
     _telling: asyncio.Task[None] | None = None  # the last signal to the group, in flight beside the next steps
+    _recording: asyncio.Lock | None = None  # held by the projection being recorded (SERIAL_RECORDS)
 
     def slot_ref(self) -> c.SlotRef:
         return c.SlotRef(self.s.seed.namespace, self.s.seed.slot)
@@ -155,34 +159,59 @@ class ClaimRuntime(SlotVerbs):
     ) -> None:
         """Write the claim's status (and an Event after it landed); nothing when the resource is gone.
 
-        A projection the API server refuses for good is logged and left: the workflow is the claim's authority,
-        and the next move projects the whole state again.
+        One projection at a time, each the whole state as it is when its turn comes, numbered above every revision
+        the resource held: the record only moves forward, and the write lands or fails, never passes for landed. A
+        projection the API server refuses for good is logged and left: the workflow is the claim's authority, and
+        the next move projects the whole state again.
         """
-        if self.s.resource_gone:
+        if not workflow.patched(SERIAL_RECORDS):
+            await self._record(event, message, warning, spec, summary, release_finalizer, serial=False)
             return
-        seed = self.s.seed
-        self.s.revision += 1
+        if self._recording is None:
+            self._recording = asyncio.Lock()
+        async with self._recording:
+            await self._record(event, message, warning, spec, summary, release_finalizer, serial=True)
+
+    async def _record(
+        self,
+        event: EventReason | None,
+        message: str,
+        warning: bool,
+        spec: dict[str, Any] | None,
+        summary: str,
+        release_finalizer: bool,
+        *,
+        serial: bool,
+    ) -> None:
+        s = self.s
+        if s.resource_gone:
+            return
+        seed = s.seed
+        s.revision += 1
         try:
-            await self.write(
+            landed = await self.write(
                 c.Act.RECORD_CLAIM,
                 c.StatusWrite(
                     namespace=seed.namespace,
                     name=seed.name,
-                    status=self.s.status_document(),
+                    status=s.status_document(),
                     spec=spec,
                     event_reason=str(event) if event else "",
                     event_message=message,
                     warning=warning,
                     release_finalizer=release_finalizer,
-                    revision=self.s.revision,
+                    revision=s.revision,
+                    above_held=serial,
                 ),
-                summary or f"record {self.s.phase} on claim {seed.name}",
+                summary or f"record {s.phase} on claim {seed.name}",
             )
         except Broken as err:
             workflow.logger.error("claim %s: its status could not be recorded: %s", seed.name, err.message)
             return
+        if serial and isinstance(landed, int) and landed > s.revision:
+            s.revision = landed  # another run's revision was on the resource: this one went above it
         if release_finalizer:
-            self.s.finalizer = False
+            s.finalizer = False
 
     def search_attributes(self) -> None:
         s = self.s
@@ -203,6 +232,8 @@ class ClaimRuntime(SlotVerbs):
         the server to acknowledge it cost every move a workflow task and a round trip. Signals still leave in
         order (each after the one before it), and the run waits for them all before it closes (`settled`).
         """
+        if self.s.seed.refused_reason:
+            return  # no group takes this claim: it is not one of any group's
         digest = self.s.digest(workflow_done=final)
         if not workflow.patched(TELL_BESIDE):
             await self._tell(digest)

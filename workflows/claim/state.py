@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from api.contracts import ClaimDigest, ClaimSeed, Observation
-from api.names import ClaimPhase, ClaimReason, ConditionType
+from api.contracts import ClaimDigest, ClaimRecord, ClaimSeed, Observation
+from api.names import OWNED_CLAIM_STATUS, ClaimPhase, ClaimReason, ConditionType
 from domain import law
 from workflows.shutdown import ShutdownBook
 
@@ -65,10 +65,30 @@ class ClaimState:
     @classmethod
     def from_seed(cls, seed: ClaimSeed) -> ClaimState:
         s = cls(seed=seed, phase=seed.phase, reason=seed.reason, deadline_at=seed.deadline_at)
+        if seed.record is not None:
+            s.resume(seed.record)
         s.take(seed.observation)
         if seed.marked_reason:
             s.mark(seed.marked_reason)
         return s
+
+    def resume(self, record: ClaimRecord) -> None:
+        """Continue the record a lost run left on the resource: its revision (writes go on above it), its
+        conditions with their clocks (MachineObservedOff's is MachineGone's), its shutdown streak, its end.
+
+        Shutdown Jobs are numbered above the revision: each Job a run fired was recorded by a projection before it
+        fired the next, so no Job name of the lost run is used again (a finished one would answer for a new one).
+        """
+        self.revision = record.revision
+        self.message = record.message
+        self.finished_at = record.finished_at
+        self.book.attempts, self.book.last_attempt_at = record.shutdown_attempts, record.last_shutdown_attempt_at
+        self.book.sequence = record.revision
+        for cond in record.conditions:
+            self.conditions[cond.type] = Condition(cond.status, cond.reason, cond.message, cond.since)
+        off = record.condition(ConditionType.MACHINE_OBSERVED_OFF)
+        if off is not None and off.status and self.phase == ClaimPhase.READY:
+            self.observed_off_since = off.since
 
     # --- reads -------------------------------------------------------------------------------------------
     @property
@@ -177,6 +197,11 @@ class ClaimState:
             ],
         }
         return doc
+
+    def edited_fields(self, stored: dict[str, Any]) -> list[str]:
+        """The fields of a stored status (as a person left it) that differ from this record."""
+        truth = self.status_document()
+        return [name for name in OWNED_CLAIM_STATUS if stored.get(name) != truth.get(name)]
 
     def carried(self) -> ClaimState:
         """The state handed to the next run: the handled-job log is kept small."""

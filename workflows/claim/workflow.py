@@ -61,6 +61,11 @@ class NodeClaimWorkflow:
     def slot_deleted(self) -> None:
         self.impl.slot_deleted()
 
+    @workflow.signal(name=c.ClaimSignal.STATUS_EDITED)
+    async def status_edited(self, edit: c.StatusEdit) -> None:
+        if isinstance(self.impl, Claim):  # a generation-2 run projects unnumbered: its edits cannot be told
+            await self.impl.status_edited(edit)
+
     @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
     async def reset_shutdown_streak(self) -> int:
         return await self.impl.reset_shutdown_streak()

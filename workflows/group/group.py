@@ -24,7 +24,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 from api import contracts as c
-from api.names import CLAIM_TTL_SECONDS_AFTER_FINISHED, ClaimCall, ClaimPhase, ClaimReason
+from api.names import CLAIM_TTL_SECONDS_AFTER_FINISHED, ClaimCall, ClaimPhase, ClaimReason, ConditionType
 from domain import claims, law
 from domain.timings import TIMINGS
 from workflows import metrics
@@ -60,6 +60,12 @@ def _outcome_heard(done: asyncio.Future[Any]) -> None:
     """
     if not done.cancelled():
         done.exception()
+
+
+def _mark_on(record: c.ClaimRecord | None) -> str:
+    """The scale-down a lost run had recorded on its claim (MarkedForDeletion), so a take-over does not forget it."""
+    mark = record.condition(ConditionType.MARKED_FOR_DELETION) if record is not None else None
+    return (mark.reason or ClaimReason.NODE_DELETED) if mark is not None and mark.status else ""
 
 
 def _refuse(kind: str, message: str) -> ApplicationError:
@@ -214,7 +220,8 @@ class Group(Verbs):
             reason=cv.reason,
             create_resource=False,
             observation=book.observation,
-            marked_reason=ClaimReason.DELETED_BY_HAND if cv.marked else "",
+            marked_reason=ClaimReason.DELETED_BY_HAND if cv.marked else _mark_on(cv.record),
+            record=cv.record,
         )
         s.book_claim(seed)
         if seed.name not in s.claims:  # a newer live claim holds its slot: booking dropped it as never started

@@ -41,6 +41,8 @@ ERROR_CODES: dict[ClaimReason, str] = {
     ClaimReason.JOB_REFUSED: "job-refused",
     ClaimReason.CLAIM_REFUSED: "claim-refused",
     ClaimReason.OPERATOR_ERROR: "operator-error",
+    ClaimReason.SLOT_NOT_FOUND: "slot-not-found",
+    ClaimReason.GROUP_NOT_FOUND: "group-not-found",
 }
 # Reasons a claim ends with that are no failed boot (a release, a hand deletion, an adoption): no error code.
 NOT_BOOT_FAILURES: frozenset[ClaimReason] = frozenset(

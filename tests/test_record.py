@@ -1,0 +1,281 @@
+"""The cluster is the record; Temporal is the engine. One named regression test per break issue 22 lists, each seen
+from outside on the code before the fix: losing Temporal's state may cost time, never the claim's record.
+
+Time-skipping Temporal, the real worker and activities, the simulated homelab; the watchers where a test needs what
+they deliver (a person's edit of a claim's status, a claim no group can take).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from homelab_sim.emulator import Fault
+from temporalio.service import RPCError, RPCStatusCode
+
+from api import contracts as c
+from domain import claims
+from domain.timings import TIMINGS
+from kube.adapter import CLAIMS
+from tests.lab import NS, Lab, apply_claim, cond, homelab, one_claim, open_lab, slot, status_if
+from watchers.main import Watchers
+from watchers.signals import Signals
+from workflows.group.workflow import GroupWorkflow
+
+MIN = 60.0
+WRITES = ("create", "update", "patch", "delete")
+PAST_THE_GRACE = timedelta(minutes=5)  # a claim no group can take is failed once this old (TIMINGS: one minute)
+FINALIZER = "infra.homecluster.dev/claim"
+
+
+def stored_status(lab: Lab, name: str) -> dict[str, Any]:
+    res = lab.claim_resource(name)
+    assert res is not None, f"claim {name} is gone"
+    return dict(res.get("status") or {})
+
+
+def condition_since(status: dict[str, Any], kind: str) -> str | None:
+    return next((cd["lastTransitionTime"] for cd in status.get("conditions") or [] if cd["type"] == kind), None)
+
+
+def events_of(lab: Lab, name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in lab.events(name) if e["reason"] == reason]
+
+
+def event_reasons(lab: Lab, name: str) -> list[str]:
+    return [e["reason"] for e in sorted(lab.events(name), key=lambda e: e["metadata"]["name"])]
+
+
+async def ready_claim_taken_over(lab: Lab) -> tuple[str, int]:
+    """A ready claim whose workflows (its own and its group's) are lost; the group started again takes it over.
+    Its name and the revision its resource held when the workflows were lost."""
+    name = await one_claim(lab)
+    await lab.wait_phase(name, "ready", within=3 * MIN)
+    held = stored_status(lab, name)["revision"]
+    assert isinstance(held, int) and held >= 2
+    assert await lab.lose_workflows([name], ["s1"])
+    await lab.start_group()
+    return name, held
+
+
+# --- what was seen ----------------------------------------------------------------------------------------------
+async def test_a_taken_over_ready_claim_keeps_the_machine_gone_clock_of_its_resource() -> None:
+    """MachineObservedOff was on the resource for eight minutes when the workflows were lost: the taken-over run
+    fails the claim one boot window after that condition's lastTransitionTime, not one window after the take-over.
+    """
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        lab.lab.die("s1")
+        await lab.until(
+            lambda: cond(stored_status(lab, name), "MachineObservedOff"), within=6 * MIN, what="seen off on record"
+        )
+        since = condition_since(stored_status(lab, name), "MachineObservedOff")
+        assert since is not None
+        await lab.advance(8 * MIN)
+        assert await lab.lose_workflows([name], ["s1"])
+        await lab.start_group()
+        # Gone at since + 12m10s: about four minutes after the take-over. A clock restarted there would run 12m10s.
+        st = await lab.wait_phase(name, "failed", within=7 * MIN, step=30)
+        assert st["reason"] == "MachineGone", st
+        gone_at = datetime.fromisoformat(since.replace("Z", "+00:00")) + claims.machine_gone_grace()
+        finished = datetime.fromisoformat(st["finishedAt"].replace("Z", "+00:00"))
+        assert gone_at <= finished < gone_at + timedelta(minutes=2), (since, st["finishedAt"])
+        assert condition_since(stored_status(lab, name), "MachineObservedOff") == since, "the clock on record"
+
+
+async def test_a_taken_over_claim_writes_above_the_revision_its_resource_holds() -> None:
+    """The taken-over run numbered its writes from 0 while the resource held revision 3: every write was skipped
+    without an error, yet the finalizer was removed and ClaimCompleted published beside a resource still `ready`.
+    Now its writes continue above what the resource holds, and each Event follows a write that landed."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name, held = await ready_claim_taken_over(lab)
+        await lab.until(
+            lambda: stored_status(lab, name)["revision"] > held, within=MIN, step=5, what="the take-over recorded"
+        )
+        assert stored_status(lab, name)["phase"] == "ready"
+        assert FINALIZER in (lab.claim_resource(name) or {})["metadata"]["finalizers"]
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        await lab.until(lambda: "ClaimCompleted" in event_reasons(lab, name), within=MIN, what="its Event")
+        res = lab.claim_resource(name)
+        assert res is not None
+        assert res["status"]["phase"] == "completed" and res["status"]["reason"] == "NodeDeleted", res["status"]
+        assert res["status"]["revision"] > held + 1
+        assert not res["metadata"].get("finalizers"), "let go with the completed record, not before"
+        reasons = event_reasons(lab, name)
+        assert "ClaimTakenOver" in reasons and reasons[-1] == "ClaimCompleted", reasons
+
+
+async def test_the_seeds_kubectl_streak_reset_fires_the_shutdown_again() -> None:
+    """After a spent shutdown streak, the seed's escape hatch (`kubectl patch nodeclaim <claim> --subresource=status
+    --type=merge -p '{"status":{"shutdownAttempts":0,"lastShutdownAttemptAt":null}}'`) fired nothing in ten
+    minutes while the resource showed 0. The watchers deliver the edit; the claim resets its streak and shuts down.
+    """
+    async with open_lab(homelab([slot("s1", shutdownDoesNothing=True)])) as lab:
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        try:
+            name = await one_claim(lab)
+            await lab.wait_phase(name, "ready", within=3 * MIN)
+            await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+            spent = TIMINGS.max_consecutive_attempts
+            await lab.until(
+                lambda: status_if(lab, name, lambda s: s["shutdownAttempts"] == spent),
+                within=25 * MIN,
+                step=30,
+                what="a spent shutdown streak",
+            )
+            await lab.until(lambda: "ShutdownAttemptLimitReached" in event_reasons(lab, name), within=5 * MIN, step=30)
+            lab.lab.set_fault("s1", "shutdownDoesNothing", False)  # the script is fixed
+            await watchers.pump()
+            reset = {"status": {"shutdownAttempts": 0, "lastShutdownAttemptAt": None}}
+            lab.kube.patch_raw(CLAIMS, NS, name, reset, status=True)  # what that kubectl command sends
+            await watchers.pump()
+            st = await lab.wait_phase(name, "completed", within=5 * MIN, step=15)
+            assert st["reason"] == "NodeDeleted" and lab.lab.power("s1") == "off"
+            assert "ShutdownStreakReset" in event_reasons(lab, name)
+        finally:
+            watchers.close()
+
+
+async def test_claim_cancelled_carries_the_attempts_numbers() -> None:
+    """Every move's Event says the attempt's numbers; ClaimCancelled said none."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+        name = await one_claim(lab)
+        await lab.advance(20)
+        assert await lab.group().execute_update(GroupWorkflow.decrease_target_size, -1) == 0
+        await lab.until(lambda: lab.claim_resource(name) is None, within=2 * MIN, what="cancelled and deleted")
+        (cancelled,) = [e["message"] for e in lab.events(name) if e["reason"] == "ClaimCancelled"]
+        assert "attempt 1" in cancelled and "since the request" in cancelled and "deadline" in cancelled, cancelled
+        assert "Job" not in cancelled, "no Job was made"
+
+
+async def test_a_claim_failed_before_its_startup_job_existed_names_no_job_and_hands_over_none() -> None:
+    """Every Job creation refused until the deadline: the ClaimFailed message named the startup Job that never
+    existed, and the release the claim handed over read that Job. Now the claim reads it first, and names none."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.lab.emulator.faults.append(
+            Fault(match=lambda r: r.plural == "jobs" and r.verb == "create", status=503, times=None)
+        )
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=15 * MIN, step=30)
+        assert st["reason"] == "DeadlineExceeded" and lab.jobs("s1") == []
+        await lab.until(lambda: "ClaimFailed" in event_reasons(lab, name), within=MIN, what="its Event")
+        (failed,) = [e["message"] for e in lab.events(name) if e["reason"] == "ClaimFailed"]
+        assert "-startup" not in failed and "attempt 1" in failed, failed
+        assert st["startupJob"] is None
+        await lab.advance(60)
+        try:
+            await lab.client.get_workflow_handle(c.release_workflow_id(NS, "s1")).describe()
+        except RPCError as err:
+            assert err.status == RPCStatusCode.NOT_FOUND
+        else:
+            raise AssertionError("a release was handed a startup Job that never existed")
+
+
+async def test_a_claim_for_a_slot_or_group_that_does_not_exist_fails_and_touches_nothing_else() -> None:
+    """A hand-written claim for a slot that does not exist stayed pending forever: no status, no workflow, no Event,
+    no log line. Once its grace has passed (the slot may be applied beside it), it ends failed with a reason and an
+    Event; no Job, no finalizer, no group's claim, no kubelet Node is touched. The same for an unknown group."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        moment = [datetime.now(UTC)]
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS], clock=lambda: moment[0])
+        try:
+            await lab.start_group()
+            apply_claim(lab, "no-slot", "nowhere", requestedAt=None)
+            apply_claim(lab, "no-group", "s1", group="nogroup", requestedAt=None)
+            apply_claim(lab, "other-group", "s1", group="g2", requestedAt=None)  # g2 exists; s1 is g's
+            lab.lab.call(
+                lambda h: h.emulator.put_object(
+                    "infra.homecluster.dev/v2alpha1",
+                    "groups",
+                    {"apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group", "metadata": {"name": "g2"},
+                     "spec": {"maxSize": 1}},
+                    NS,
+                )
+            )  # fmt: skip
+            node_writes = _count(lab, lambda r: r.plural == "nodes" and r.group in ("", None) and r.verb in WRITES)
+            await watchers.pump()
+            await lab.advance(30)
+            assert stored_status(lab, "no-slot") == {}, "not failed within its grace"
+            moment[0] += PAST_THE_GRACE
+            await watchers.pump()
+            expected = {"no-slot": "SlotNotFound", "no-group": "GroupNotFound", "other-group": "SlotNotFound"}
+            for name, reason in expected.items():
+                st = await lab.wait_phase(name, "failed", within=MIN, step=5)
+                assert st["reason"] == reason, st
+                failed = await lab.until(functools.partial(events_of, lab, name, "ClaimFailed"), within=MIN)
+                res = lab.claim_resource(name)
+                assert res is not None and res["status"]["reason"] == reason and not res["metadata"].get("finalizers")
+                assert failed[0]["type"] == "Warning", failed
+                assert "does not exist" in failed[0]["message"] or "no slot" in failed[0]["message"], failed
+            assert lab.jobs() == []
+            snap = await lab.snapshot()
+            assert snap["claims"] == {} and snap["targetSize"] == 0
+            assert (
+                _count(lab, lambda r: r.plural == "nodes" and r.group in ("", None) and r.verb in WRITES) == node_writes
+            )
+            assert TIMINGS.homeless_claim_grace < PAST_THE_GRACE
+        finally:
+            watchers.close()
+
+
+def _count(lab: Lab, which: Callable[[Any], bool]) -> int:
+    return sum(1 for r in lab.lab.emulator.requests if which(r))
+
+
+# --- what must hold ---------------------------------------------------------------------------------------------
+async def test_a_hand_edit_of_a_claims_status_is_overwritten_with_the_record_and_a_warning() -> None:
+    """Only the streak reset is an input: any other edit of what the claim records is put back, and said."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        try:
+            name = await one_claim(lab)
+            await lab.wait_phase(name, "ready", within=3 * MIN)
+            await watchers.pump()
+            before = stored_status(lab, name)
+            edit = {"status": {"phase": "failed", "reason": "MachineGone", "shutdownAttempts": 2}}
+            lab.kube.patch_raw(CLAIMS, NS, name, edit, status=True)
+            await watchers.pump()
+            await lab.until(
+                lambda: stored_status(lab, name)["phase"] == "ready", within=MIN, step=5, what="the record put back"
+            )
+            after = stored_status(lab, name)
+            assert after["revision"] == before["revision"] + 1
+            assert {k: v for k, v in after.items() if k != "revision"} == {
+                k: v for k, v in before.items() if k != "revision"
+            }
+            (warning,) = [e for e in lab.events(name) if e["reason"] == "StatusOverwritten"]
+            assert warning["type"] == "Warning"
+            assert all(f"status.{f}" in warning["message"] for f in ("phase", "reason", "shutdownAttempts"))
+            assert await lab.phase(name) == "ready"
+        finally:
+            watchers.close()
+
+
+async def test_a_claim_whose_slot_arrives_within_its_grace_is_taken_by_its_group() -> None:
+    """The grace is for a slot applied beside its claim (another watch's stream may bring it later): a claim whose
+    slot shows up in time is not failed; its group takes it over and boots it."""
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        moment = [datetime.now(UTC)]
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS], clock=lambda: moment[0])
+        try:
+            lab.lab.call(lambda h: h.emulator.delete_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s2"))
+            await lab.start_group()
+            apply_claim(lab, "early", "s2", requestedAt=None)
+            await watchers.pump()
+            assert watchers.dispatcher.homeless, "no group can take it yet"
+            lab.lab.call(lambda h: h.seed())  # the slot arrives
+            await watchers.pump()
+            moment[0] += PAST_THE_GRACE
+            await watchers.pump()
+            await lab.group().signal(GroupWorkflow.refresh)
+            st = await lab.wait_phase("early", "ready", within=3 * MIN)
+            assert st["reason"] is None and not watchers.dispatcher.homeless
+        finally:
+            watchers.close()
