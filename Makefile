@@ -75,9 +75,10 @@ soak: $(STAMP) ## the model-based adversary for SOAK_MINUTES
 	MODEL_BUDGET_SECONDS=$$(( $(SOAK_MINUTES) * 60 )) MODEL_STEPS=$${MODEL_STEPS:-60} \
 		$(BIN)/pytest -q -s -p no:cacheprovider tests/test_model.py
 
-# The chaos suite (tests/chaos.py): the roles as processes, kill -9s, API faults, a Temporal outage; prints the table.
-CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60
-chaos: $(STAMP) ## the chaos suite: real processes, kill -9s, API faults, an outage
+# The chaos suite (tests/chaos.py): the roles as processes, kill -9s, API faults, a Temporal outage, Temporal's database
+# wiped; prints the table.
+CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60 --wipes 2
+chaos: $(STAMP) ## the chaos suite: real processes, kill -9s, API faults, an outage, database wipes
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 # Issue 14's figures beside floors measured in the same run (bench/, docs/performance.md); ~5 min on 2 cores at

@@ -1,7 +1,7 @@
 """The chaos suite: the operator's roles as separate processes against a Temporal dev server and the simulated
 homelab, driven through real lifecycles while a seeded schedule kills them, breaks the API and takes Temporal away.
 
-    python -m tests.chaos --lifecycles 50 --kills 20 --outage 60 [--seed N]      (make chaos)
+    python -m tests.chaos --lifecycles 50 --kills 20 --outage 60 --wipes 2 [--seed N]      (make chaos)
 
 What runs: `temporal server start-dev` on a SQLite file (restarted on it after every kill), the simulated homelab
 (`python -m homelab_sim`, real time, with API faults at a rate, dropped watches and compactions), and
@@ -9,12 +9,14 @@ What runs: `temporal server start-dev` on a SQLite file (restarted on it after e
 restarts a pod). The driver plays cluster-autoscaler over gRPC: it asks for machines, deletes the ones that run,
 and deletes the ones that failed. A schedule drawn from the seed kills (SIGKILL) a role or the Temporal server
 every few seconds, takes Temporal away once for `--outage` seconds (the provider must answer UNAVAILABLE and every
-role's /readyz must fail meanwhile), and applies bad objects mid-run. The homelab's pod specs and Secret names carry
-marker values that must never reach a workflow history or a log line.
+role's /readyz must fail meanwhile), wipes Temporal's database `--wipes` times (stopped, its file deleted, started
+again: every workflow is lost, the cluster keeps the record), and applies bad objects mid-run. The homelab's pod
+specs and Secret names carry marker values that must never reach a workflow history or a log line.
 
 After the lifecycles, quiet: faults off, nothing killed, everything settles; then the checks, printed as a table:
-every violation count must be 0. A failing seed reruns the same schedule (`--seed`); process timing is real, so a
-rare interleaving may take a few runs to show again.
+every violation count must be 0 (the claim resources are checked against their Events and their machines, and
+their finalizers throughout the run). A failing seed reruns the same schedule (`--seed`); process timing is real,
+so a rare interleaving may take a few runs to show again.
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ import yaml
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from api import contracts as c
 from api.names import ClaimReason
 from homelab_autoscaler.devserver import DevServer
 from homelab_autoscaler.temporal import DATA_CONVERTER
+from kube.adapter import CLAIMS, EVENTS, Kube
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
+from tests import records
 from tests.lab import history_text
 from tests.procs import BIN, ROOT, free_port, port_open, wait_for
 
@@ -72,6 +77,7 @@ class Plan:
     kills: int = 20
     outage: float = 60.0
     fault_rate: float = 0.05
+    wipes: int = 0
     slots: int = 6
     time_limit: float = 1500.0  # real seconds for the lifecycles; past it the run goes quiet anyway
 
@@ -139,6 +145,7 @@ class Report:
     outage: dict[str, Any] = field(default_factory=dict)
     violations: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    wipes: int = 0
 
     CHECKS = (
         "duplicate startup Jobs",
@@ -151,6 +158,9 @@ class Report:
         "secret markers in histories and logs",
         "provider answers during the outage other than UNAVAILABLE",
         "roles ready during the outage",
+        "claim Events without their landed write",
+        "claim finalizers let go before the terminal record",
+        "claim records that disagree with their machines",
     )
 
     @property
@@ -162,7 +172,8 @@ class Report:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())) or "none"
         lines = [
             f"chaos seed {self.plan.seed}: {self.lifecycles} lifecycles, {sum(self.kills.values())} kills ({kills}),"
-            f" one Temporal outage of {self.plan.outage:.0f} s, {self.seconds:.0f} s in all",
+            f" {self.wipes} Temporal database wipes, one Temporal outage of {self.plan.outage:.0f} s,"
+            f" {self.seconds:.0f} s in all",
             f"cluster: {faults}",
             f"during the outage: provider answered {dict(self.outage.get('codes', {}))},"
             f" /readyz answered {dict(self.outage.get('readyz', {}))}",
@@ -201,6 +212,8 @@ class Chaos:
         self.quiet = False
         self.first_seen: dict[str, float] = {}
         self.temporal_lock = asyncio.Lock()
+        self.finalizers = records.Finalizers()
+        self.let_go: list[str] = []
 
     # --- setting up ---------------------------------------------------------------------------------------------
     def homelab_file(self) -> Path:
@@ -342,8 +355,12 @@ class Chaos:
             return err.code(), None
 
     def track(self, state: dict[str, Any]) -> None:
-        """Lifecycles: claims seen ready, then ended (completed, failed or collected)."""
+        """Lifecycles: claims seen ready, then ended (completed, failed or collected); and every claim's finalizer,
+        which is let go only with its terminal record."""
         present = {cl["name"]: cl for cl in state["claims"]}
+        for problem in self.finalizers.let_go_early(_as_resource(cl) for cl in state["claims"]):
+            if problem not in self.let_go:
+                self.let_go.append(problem)
         for name, cl in present.items():
             if cl["phase"] == "ready":
                 self.ready_seen.add(name)
@@ -399,10 +416,14 @@ class Chaos:
     async def killer(self) -> None:
         """The schedule: a SIGKILL every few seconds (a role, or the Temporal server), and one long outage."""
         outage_after = self.rng.randint(1, max(1, self.plan.kills - 1))
+        others = [i for i in range(self.plan.kills) if i != outage_after]
+        wipes = set(self.rng.sample(others, min(self.plan.wipes, len(others))))
         for i in range(self.plan.kills):
             await asyncio.sleep(self.rng.uniform(3.0, 8.0))
             if i == outage_after:
                 await self.outage()
+            if i in wipes:
+                await self.wipe_temporal()
             victim = self.rng.choice([*ROLES, "temporal"])
             self.report.kills[victim] += 1
             if victim == "temporal":
@@ -420,6 +441,18 @@ class Chaos:
         async with self.temporal_lock:
             if self.temporal.process is None or self.temporal.process.poll() is not None:
                 await asyncio.to_thread(self.temporal.start)
+
+    async def wipe_temporal(self) -> None:
+        """Temporal's database is wiped: the server stopped, its SQLite file deleted, the server started again on an
+        empty one. Every workflow is gone; the claims live on in the cluster, and the operator takes them over."""
+        async with self.temporal_lock:
+            await asyncio.to_thread(self.temporal.stop)
+            db = self.temporal.db_file
+            assert db is not None
+            for path in (db, *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal"))):
+                path.unlink(missing_ok=True)
+            await asyncio.to_thread(self.temporal.start)
+        self.report.wipes += 1
 
     def kill_temporal(self) -> None:
         proc = self.temporal.process
@@ -534,15 +567,41 @@ class Chaos:
         v["claims whose resource and workflow disagree"] = await self.disagreements(state)
         v["workflows failed, or with a failing task"] = await self.failed_workflows()
         v["secret markers in histories and logs"] = await self.leaks()
+        v["claim finalizers let go before the terminal record"] = self.let_go
+        resources, events = await asyncio.to_thread(self.claims_and_events)
+        v["claim Events without their landed write"] = [
+            problem for claim in resources for problem in records.events_without_their_write(claim, events)
+        ]
+        machines = state["machines"]
+        v["claim records that disagree with their machines"] = [
+            problem
+            for claim in resources
+            if records.name(claim) not in UNRUNNABLE
+            for problem in records.record_disagreements(claim, machines.get(claim["spec"].get("node"), {}).get("power"))
+        ]
+
+    def claims_and_events(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The claim resources and the Events of the run's namespace, as the API server holds them after quiet."""
+        kube = Kube.connect(server=f"http://127.0.0.1:{self.kube_port}", timeout=10)
+        try:
+            return kube.list_raw(CLAIMS, NS)[0], kube.list_raw(EVENTS, NS)[0]
+        finally:
+            kube.close()
 
     async def disagreements(self, state: dict[str, Any]) -> list[str]:
         found = []
         for cl in state["claims"]:
-            if cl["name"] in ("bad-phase", "no-such-slot", "empty-spec"):
+            if cl["name"] in BAD_CLAIMS:
                 continue
             handle = self.client.get_workflow_handle(c.claim_workflow_id(NS, cl["name"]))
             try:
                 st = await handle.query(c.ClaimQuery.STATUS)
+            except RPCError as err:
+                # A claim that ended before Temporal's database was wiped has no workflow left: its resource is the
+                # record (its group collects it by its TTL). A live one always has one.
+                if not (err.status == RPCStatusCode.NOT_FOUND and cl["phase"] in ("failed", "completed")):
+                    found.append(f"{cl['name']}: no workflow answers ({err})")
+                continue
             except Exception as err:
                 found.append(f"{cl['name']}: no workflow answers ({err})")
                 continue
@@ -595,6 +654,15 @@ class Chaos:
 
 
 _KINDS = {"nodeclaims": "NodeClaim", "groups": "Group", "nodes": "Node"}
+# Claims stored mid-run that no contract accepts (or no group can take): they are judged by their own checks.
+BAD_CLAIMS = ("bad-phase", "no-such-slot", "empty-spec")
+UNRUNNABLE = ("bad-phase", "empty-spec")  # "no-such-slot" ends failed (SlotNotFound): its record is checked
+
+
+def _as_resource(cl: dict[str, Any]) -> dict[str, Any]:
+    """A claim of the simulator's state as the records checks read a resource."""
+    meta = {"name": cl["name"], "uid": cl.get("uid"), "finalizers": cl.get("finalizers") or []}
+    return {"metadata": meta, "status": {"phase": cl.get("phase")}}
 
 
 def _claim(name: str, slot: str, **extra: Any) -> dict[str, Any]:
@@ -620,9 +688,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--outage", type=float, default=60.0, help="seconds of the Temporal outage")
     parser.add_argument("--fault-rate", type=float, default=0.05, help="fraction of API requests that fail")
+    parser.add_argument("--wipes", type=int, default=0, help="times Temporal's database is wiped mid-run")
     parser.add_argument("--keep", type=Path, default=None, help="keep the logs and the Temporal database here")
     args = parser.parse_args(argv)
-    plan = Plan(args.seed, args.lifecycles, args.kills, args.outage, args.fault_rate)
+    plan = Plan(args.seed, args.lifecycles, args.kills, args.outage, args.fault_rate, wipes=args.wipes)
     print(f"chaos seed {plan.seed} (rerun with --seed {plan.seed})", flush=True)
     report = asyncio.run(run(plan, args.keep))
     print(report.table(), flush=True)

@@ -300,7 +300,17 @@ class Lab:
 
     async def lose_workflows(self, claims: Iterable[str], slots: Iterable[str], group: str = "g") -> list[str]:
         """Temporal loses every workflow here (terminated, as from the Web UI, or with its database): the group's,
-        these claims' and these slots' releases. The `<id>@<run id>` of every run that was running."""
+        these claims' and these slots' releases. The `<id>@<run id>` of every run that was running.
+
+        The worker is stopped meanwhile (its activities finish first) and a new one started after: the time-skipping
+        server keeps its clock locked for good for an activity whose workflow is terminated while it runs (the
+        completion is refused), and every later skip then takes real time. The chaos suite loses workflows mid-
+        activity, on the real server. Every workflow of the lab must be among these: a new worker meets no sticky
+        queue of the old one only for workflows that are gone.
+        """
+        if self.worker is not None:
+            await self.worker.__aexit__(None, None, None)
+            self.worker = None
         ids = [c.group_workflow_id(NS, group)]
         ids += [c.claim_workflow_id(NS, name) for name in claims]
         ids += [c.release_workflow_id(NS, slot) for slot in slots]
@@ -317,6 +327,7 @@ class Lab:
                     raise
                 continue
             lost.append(f"{wid}@{desc.run_id}")
+        await self.restart_worker()
         return lost
 
     # --- the cluster -------------------------------------------------------------------------------------------

@@ -5,9 +5,11 @@ activities, the simulated homelab and the real watchers (pumped after every step
 cluster shows). The driver draws steps from a seeded `random.Random`: concurrent IncreaseSize /
 DecreaseTargetSize / DeleteNodes, time jumps (past gates, deadlines, grace, TTL, the 30 m reset), machine
 faults (boot, never boot, boot late, vanish, refuse to power off), API faults (5xx, 409, 429, 422, timeouts) on
-any resource, hand-applied and hand-deleted claims, deleted slots, a restarted worker. After every step it
-checks the safety invariants; every few steps, once the cluster has settled, the eventual ones; at the end,
-after a quiet spell with every fault cleared, that every machine's power agrees with the law.
+any resource, hand-applied and hand-deleted claims, deleted slots, a restarted worker, and Temporal losing every
+workflow (the cluster keeps the record). After every step it checks the safety invariants (a claim's finalizer is
+let go only with its terminal record among them); every few steps, once the cluster has settled, the eventual
+ones; at the end, after a quiet spell with every fault cleared, that every machine's power agrees with the law and
+every claim resource agrees with what its machine did, with no Event beside a write that did not land.
 
 A failure names the seed and the steps taken: `MODEL_SEED=<seed> pytest tests/test_model.py` reruns the same
 schedule (worker timing is real, so a rare interleaving may need a few runs).
@@ -35,6 +37,7 @@ from temporalio.service import RPCError
 from api import contracts as c
 from api.names import ClaimReason
 from domain.timings import TIMINGS
+from tests import records
 from tests.lab import NS, REFUSALS, Lab, homelab, open_lab, refusal_watching_runtime
 from watchers.main import Watchers
 from watchers.signals import Signals
@@ -96,6 +99,8 @@ class Model:
     deleted_slots: set[str] = field(default_factory=set)
     checked_closed: set[str] = field(default_factory=set)
     restarts: bool = False  # whether this example restarts its worker (it then runs with no workflow cache)
+    lost: set[str] = field(default_factory=set)  # `<workflow id>@<run id>` of every run Temporal lost
+    finalizers: records.Finalizers = field(default_factory=records.Finalizers)
 
     # --- driving -------------------------------------------------------------------------------------------
     async def run(self, steps: int) -> None:
@@ -127,6 +132,7 @@ class Model:
             ("hand_delete", 1, self.hand_delete),
             ("delete_slot", 0.5, self.delete_slot),
             ("restore_slots", 0.5, self.restore_slots),
+            ("lose_workflows", 0.5, self.lose_workflows),
         ]
         if self.restarts:
             table.append(("restart_worker", 0.7, self.restart_worker))
@@ -273,6 +279,16 @@ class Model:
     async def restart_worker(self) -> None:
         await self.lab.restart_worker()
 
+    async def lose_workflows(self) -> None:
+        """Temporal loses every workflow (a database lost, or each terminated in the Web UI); the cluster keeps every
+        resource. The watchers' next relist (or the provider's next call) starts the group again, which takes the
+        claims over from their resources."""
+        self.claims |= set(self.resources()) | set((await self.lab.snapshot())["claims"])
+        lost = await self.lab.lose_workflows(sorted(self.claims), SLOTS)
+        self.lost |= set(lost)
+        self.log[-1] += f" ({len(lost)} runs)"
+        await self.watchers.dispatcher.refresh_groups()
+
     def workflow_ids(self) -> list[str]:
         ids = [c.group_workflow_id(NS, "g")]
         ids += [c.claim_workflow_id(NS, n) for n in sorted(self.claims - self.checked_closed)]
@@ -354,6 +370,9 @@ class Model:
         )
         if snap["targetSize"] - adopted > MAX_SIZE:
             raise self.violation(f"target {snap['targetSize']} ({adopted} adopted) is above maxSize {MAX_SIZE}")
+        let_go = self.finalizers.let_go_early(self.resources().values())
+        if let_go:
+            raise self.violation(f"a finalizer let go before the claim's terminal record: {let_go}")
         for job in self.lab.jobs():
             labels = job["metadata"]["labels"]
             claim = labels.get("infra.homecluster.dev/nodeclaim")
@@ -382,6 +401,8 @@ class Model:
                 continue
             if desc.status == WorkflowExecutionStatus.RUNNING:
                 continue
+            if f"{handle.id}@{desc.run_id}" in self.lost:
+                continue  # the loss ended it; its resource was taken over, or ended with no run to record it
             if desc.status == WorkflowExecutionStatus.FAILED:
                 try:
                     await handle.result()
@@ -474,6 +495,19 @@ class Model:
         await self.settle_and_check()
         await self.check_closed()
         await self.check_no_failed_tasks()
+        await self.check_records()
+
+    async def check_records(self) -> None:
+        """Once quiet, every claim resource agrees with what its machine did, and no Event stands beside a write
+        that did not land (whatever workflows were lost on the way)."""
+        events = self.lab.events()
+        found = []
+        for claim in self.resources().values():
+            slot = str(claim["spec"].get("node") or "")
+            found += records.events_without_their_write(claim, events)
+            found += records.record_disagreements(claim, self.lab.lab.power(slot) if slot in SLOTS else None)
+        if found:
+            raise self.violation("claim resources disagree with their machines or Events:\n  " + "\n  ".join(found))
 
     async def law_disagreement(self) -> str | None:
         """Where a machine's power disagrees with the law (on exactly when a settled live claim wants it), if any."""

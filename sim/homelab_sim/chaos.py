@@ -125,6 +125,7 @@ class Chaos:
         claims = [
             {
                 "name": c["metadata"]["name"],
+                "uid": c["metadata"].get("uid"),
                 "slot": (c.get("spec") or {}).get("node"),
                 "phase": (c.get("status") or {}).get("phase"),
                 "reason": (c.get("status") or {}).get("reason"),
