@@ -67,7 +67,7 @@ proto: $(STAMP) ## regenerate the externalgrpc stubs
 TAG ?=
 histories: $(STAMP) ## record a generation of workflow histories (TAG=vN)
 	@test -n "$(TAG)" || (echo "make histories TAG=<generation>: older generations are kept"; exit 2)
-	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py
+	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py tests/test_record.py
 
 # The model-based adversary for as long as asked (tests/model.py): prints every seed, the examples and the steps.
 SOAK_MINUTES ?= 30

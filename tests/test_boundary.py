@@ -54,7 +54,7 @@ NAME_KEYWORDS = frozenset({"signal", "query", "update", "start_signal"})
 # The project's own senders (typed by the tables, which mypy enforces); a literal wire name passed to one is
 # flagged too, for code mypy does not see or that gives up typing with a cast.
 OWN_SENDERS = frozenset(
-    {"send", "_signal", "signal_group", "signal_if_running", "claim", "release", "group", "update", "_query", "count"}
+    {"send", "_signal", "signal_group", "signal_outcome", "claim", "release", "group", "update", "_query", "count"}
 )
 DECORATORS = frozenset({"signal", "query", "update"})
 WIRE_NAMES = frozenset(str(name) for tables in c.HANDLER_TABLES.values() for table in tables.values() for name in table)

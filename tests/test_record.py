@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from homelab_sim.emulator import Fault
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from api import contracts as c
@@ -84,6 +85,7 @@ async def test_a_taken_over_ready_claim_keeps_the_machine_gone_clock_of_its_reso
         finished = datetime.fromisoformat(st["finishedAt"].replace("Z", "+00:00"))
         assert gone_at <= finished < gone_at + timedelta(minutes=2), (since, st["finishedAt"])
         assert condition_since(stored_status(lab, name), "MachineObservedOff") == since, "the clock on record"
+        await lab.record("taken_over_machine_gone")
 
 
 async def test_a_taken_over_claim_writes_above_the_revision_its_resource_holds() -> None:
@@ -107,6 +109,7 @@ async def test_a_taken_over_claim_writes_above_the_revision_its_resource_holds()
         assert not res["metadata"].get("finalizers"), "let go with the completed record, not before"
         reasons = event_reasons(lab, name)
         assert "ClaimTakenOver" in reasons and reasons[-1] == "ClaimCompleted", reasons
+        await lab.record("taken_over_completed")
 
 
 async def test_the_seeds_kubectl_streak_reset_fires_the_shutdown_again() -> None:
@@ -136,6 +139,7 @@ async def test_the_seeds_kubectl_streak_reset_fires_the_shutdown_again() -> None
             st = await lab.wait_phase(name, "completed", within=5 * MIN, step=15)
             assert st["reason"] == "NodeDeleted" and lab.lab.power("s1") == "off"
             assert "ShutdownStreakReset" in event_reasons(lab, name)
+            await lab.record("status_edit_streak_reset")
         finally:
             watchers.close()
 
@@ -221,6 +225,8 @@ async def test_a_claim_for_a_slot_or_group_that_does_not_exist_fails_and_touches
                 _count(lab, lambda r: r.plural == "nodes" and r.group in ("", None) and r.verb in WRITES) == node_writes
             )
             assert TIMINGS.homeless_claim_grace < PAST_THE_GRACE
+            lab.extra_history_ids = tuple(c.claim_workflow_id(NS, n) for n in expected)
+            await lab.record("claim_refused")
         finally:
             watchers.close()
 
@@ -254,6 +260,7 @@ async def test_a_hand_edit_of_a_claims_status_is_overwritten_with_the_record_and
             assert warning["type"] == "Warning"
             assert all(f"status.{f}" in warning["message"] for f in ("phase", "reason", "shutdownAttempts"))
             assert await lab.phase(name) == "ready"
+            await lab.record("status_overwritten")
         finally:
             watchers.close()
 
@@ -279,3 +286,27 @@ async def test_a_claim_whose_slot_arrives_within_its_grace_is_taken_by_its_group
             assert st["reason"] is None and not watchers.dispatcher.homeless
         finally:
             watchers.close()
+
+
+async def test_a_claim_whose_workflow_alone_was_terminated_is_taken_over_at_its_groups_next_signal() -> None:
+    """A claim's workflow terminated in the Web UI while its group's run goes on: the group used to hold the claim
+    live for good (its signals dropped, a DeleteNodes never heard). The next signal it sends finds no run, and its
+    reload takes the claim over from the resource."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        first = (await lab.claim(name).describe()).run_id
+        await lab.claim(name).terminate("terminated in the Web UI")
+        # The watchers' next relist sends every slot's observation; one its claim cannot take goes to the group.
+        on = c.Observation(power="on", usable=True, exists=True, gate_open=True, observed_at=datetime.now(UTC))
+        await lab.group().signal(GroupWorkflow.observe_slot, c.SlotObservation("s1", on))
+
+        async def taken_over() -> bool:
+            desc = await lab.claim(name).describe()
+            return desc.run_id != first and desc.status == WorkflowExecutionStatus.RUNNING
+
+        await lab.until(taken_over, within=MIN, step=5, what="a new run of the claim")
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["reason"] == "NodeDeleted" and lab.lab.power("s1") == "off"
+        await lab.record("claim_lost_alone")

@@ -23,8 +23,11 @@ async def signal_group(namespace: str, group: str, name: c.GroupSignal, arg: Any
 EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
 
 
-async def signal_if_running(workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> bool:
-    """Signal another workflow; False when it was not delivered, never raising.
+DELIVERED, NOT_RUNNING, NOT_DELIVERED = "delivered", "not running", "not delivered"
+
+
+async def signal_outcome(workflow_id: str, signal: c.ClaimSignal | c.ReleaseSignal, arg: Any = None) -> str:
+    """Signal another workflow, never raising: DELIVERED, NOT_RUNNING (no run of that id runs) or NOT_DELIVERED.
 
     A workflow that is not running yet (a claim booked in this task, started after its first observation) or
     any more is expected, so that is one DEBUG line; anything else one INFO line. The commands are the same.
@@ -38,7 +41,7 @@ async def signal_if_running(workflow_id: str, signal: c.ClaimSignal | c.ReleaseS
     except Exception as err:
         if isinstance(err, ApplicationError) and err.type == EXTERNAL_NOT_FOUND:
             workflow.logger.debug("signal %s to %s dropped: that workflow is not running", signal, workflow_id)
-        else:
-            workflow.logger.info("signal %s to %s not delivered: %s", signal, workflow_id, err)
-        return False
-    return True
+            return NOT_RUNNING
+        workflow.logger.info("signal %s to %s not delivered: %s", signal, workflow_id, err)
+        return NOT_DELIVERED
+    return DELIVERED

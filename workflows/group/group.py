@@ -31,7 +31,7 @@ from workflows import metrics
 from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
-from workflows.handles import signal_if_running
+from workflows.handles import NOT_RUNNING, signal_outcome
 from workflows.release import ReleaseWorkflow
 from workflows.verbs import Verbs
 
@@ -52,6 +52,9 @@ ENDED_NOT_TAKEN_OVER = "ended-claims-not-taken-over"
 # A taken-over claim outranked at once by a newer live claim on its slot is started and superseded (was: dropped as
 # never started, its resource left pending with no workflow; at maxSize the group's task failed on a KeyError).
 TAKEN_OVER_SUPERSEDED = "taken-over-claims-superseded"
+# A live claim whose workflow is found not running when the group signals it (terminated by hand, or lost with
+# Temporal's state while the group's own run survived) is forgotten, and the reload takes it over from its resource.
+LOST_CLAIMS_TAKEN_OVER = "lost-claims-taken-over"
 
 
 def _outcome_heard(done: asyncio.Future[Any]) -> None:
@@ -313,7 +316,9 @@ class Group(Verbs):
         handle.add_done_callback(_outcome_heard)
 
     async def _signal(self, out: Outgoing) -> None:
-        await signal_if_running(out.workflow_id, out.signal, out.arg)
+        outcome = await signal_outcome(out.workflow_id, out.signal, out.arg)
+        if outcome == NOT_RUNNING and workflow.patched(LOST_CLAIMS_TAKEN_OVER):
+            self.s.claim_lost(out.workflow_id)
 
     # --- what the slots show -----------------------------------------------------------------------------
     def on_observation(self, obs: c.SlotObservation) -> None:

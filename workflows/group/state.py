@@ -298,6 +298,20 @@ class GroupState:
             elif digest.observation is not None:
                 slot.observation = digest.observation.replacing(slot.observation)[0]
 
+    def claim_lost(self, workflow_id: str) -> None:
+        """A signal found no run of this live claim's workflow: it was lost (terminated by hand, or with Temporal's
+        state) while this group's run survived. The group forgets it and reloads, which takes the claim over from
+        its resource. A claim booked but not started yet, or one that has reported its end, is not lost."""
+        name = next((n for n, d in self.claims.items() if c.claim_workflow_id(self.namespace, n) == workflow_id), "")
+        digest = self.claims.get(name)
+        if digest is None or not law.is_live(digest.phase) or any(seed.name == name for seed in self.to_start):
+            return
+        del self.claims[name]
+        slot = self.slots.get(digest.slot)
+        if slot is not None and slot.live_claim == name:
+            slot.live_claim = ""
+        self.reload_requested = True
+
     def _newer(self, digest: c.ClaimDigest, other: str) -> bool:
         held = self.claims.get(other)
         return held is None or _order(digest) >= _order(held)
