@@ -161,6 +161,7 @@ class Report:
         "claim Events without their landed write",
         "claim finalizers let go before the terminal record",
         "claim records that disagree with their machines",
+        "tracebacks in the roles' logs",
     )
 
     @property
@@ -568,6 +569,7 @@ class Chaos:
         v["workflows failed, or with a failing task"] = await self.failed_workflows()
         v["secret markers in histories and logs"] = await self.leaks()
         v["claim finalizers let go before the terminal record"] = self.let_go
+        v["tracebacks in the roles' logs"] = self.tracebacks()
         resources, events = await asyncio.to_thread(self.claims_and_events)
         v["claim Events without their landed write"] = [
             problem for claim in resources for problem in records.events_without_their_write(claim, events)
@@ -579,6 +581,18 @@ class Chaos:
             if records.name(claim) not in UNRUNNABLE
             for problem in records.record_disagreements(claim, machines.get(claim["spec"].get("node"), {}).get("power"))
         ]
+
+    def tracebacks(self) -> list[str]:
+        """An exception a role logged with its traceback is a bug: a failure the roles expect (an API fault, Temporal
+        away) is one line. Each one's last line, by role."""
+        found = []
+        for role in ROLES:
+            lines = (self.dir / f"{role}.log").read_text(errors="replace").splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("Traceback (most recent call last)"):
+                    end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith((" ", "\t"))), i)
+                    found.append(f"{role}: {lines[end][:200]}")
+        return found
 
     def claims_and_events(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The claim resources and the Events of the run's namespace, as the API server holds them after quiet."""

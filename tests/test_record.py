@@ -310,3 +310,27 @@ async def test_a_claim_whose_workflow_alone_was_terminated_is_taken_over_at_its_
         st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
         assert st["reason"] == "NodeDeleted" and lab.lab.power("s1") == "off"
         await lab.record("claim_lost_alone")
+
+
+async def test_a_stored_claim_no_contract_accepts_is_only_warned_about_not_a_failing_watcher() -> None:
+    """Found by the chaos suite on this change: the check for a claim no group can take read a stored phase no
+    contract accepts before the claim was found unusable, and every event and report of its slot raised."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        try:
+            await lab.start_group()
+            await watchers.pump()
+            bad = {
+                "apiVersion": "infra.homecluster.dev/v2alpha1",
+                "kind": "NodeClaim",
+                "metadata": {"name": "bad-phase", "namespace": NS},
+                "spec": {"node": "s1", "group": "g", "call": "Manual"},
+                "status": {"phase": "exploded"},
+            }
+            lab.lab.call(lambda h: h.emulator.put_object("infra.homecluster.dev/v2alpha1", "nodeclaims", bad, NS))
+            await watchers.pump()  # raised ValueError: 'exploded' is not a valid ClaimPhase
+            assert ("homelab", "bad-phase") not in watchers.cluster.claims and not watchers.dispatcher.homeless
+            assert [e["reason"] for e in lab.events("bad-phase")] == ["InvalidSpec"]
+            assert await watchers.writer.slot((NS, "s1"), datetime.now(UTC)) in (True, False)
+        finally:
+            watchers.close()

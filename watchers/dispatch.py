@@ -346,8 +346,8 @@ class Dispatcher:
         if edit is not None and self.acting:
             # Delivered whatever the edit left (even a status no contract accepts): the claim overwrites it.
             await self._send(("claim", ns, name), lambda: self._status_edited(ns, name, edit))
-        self._note_homeless(key, obj if event.type != DELETED else None)
         problem = views.claim_problem(obj) if event.type != DELETED else ""
+        self._note_homeless(key, obj if event.type != DELETED and not problem else None)
         if problem:
             # A claim that cannot be run is no claim to the picture (no report, no signal): only its Warning.
             self.cluster.claims.pop(key, None)
@@ -394,9 +394,9 @@ class Dispatcher:
         return None
 
     def _note_homeless(self, key: Key, claim: JSON | None) -> None:
-        """Keep a live, runnable claim that no group can take until its grace has passed (then it is failed)."""
-        live = claim is not None and law.is_live(status(claim).get("phase") or None) and not views.claim_problem(claim)
-        if claim is None or not live or self.home_problem(claim) is None:
+        """Keep a live claim (one that can be run; None forgets it) that no group can take until its grace has
+        passed: then it is failed."""
+        if claim is None or not law.is_live(status(claim).get("phase") or None) or self.home_problem(claim) is None:
             self.homeless.pop(key, None)
             return
         if key not in self.homeless:
