@@ -46,7 +46,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api import contracts as c
-from api.names import ClaimReason
+from api.names import ClaimReason, EventReason
 from homelab_autoscaler.devserver import DevServer
 from homelab_autoscaler.temporal import DATA_CONVERTER
 from kube.adapter import CLAIMS, EVENTS, Kube
@@ -146,6 +146,7 @@ class Report:
     violations: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     wipes: int = 0
+    taken_over: int = 0  # claims whose workflow was lost and that a new run took over (their ClaimTakenOver Events)
 
     CHECKS = (
         "duplicate startup Jobs",
@@ -175,7 +176,7 @@ class Report:
             f"chaos seed {self.plan.seed}: {self.lifecycles} lifecycles, {sum(self.kills.values())} kills ({kills}),"
             f" {self.wipes} Temporal database wipes, one Temporal outage of {self.plan.outage:.0f} s,"
             f" {self.seconds:.0f} s in all",
-            f"cluster: {faults}",
+            f"cluster: {faults}; claims taken over after a lost workflow: {self.taken_over}",
             f"during the outage: provider answered {dict(self.outage.get('codes', {}))},"
             f" /readyz answered {dict(self.outage.get('readyz', {}))}",
             "",
@@ -571,6 +572,7 @@ class Chaos:
         v["claim finalizers let go before the terminal record"] = self.let_go
         v["tracebacks in the roles' logs"] = self.tracebacks()
         resources, events = await asyncio.to_thread(self.claims_and_events)
+        self.report.taken_over = sum(1 for e in events if e.get("reason") == EventReason.CLAIM_TAKEN_OVER)
         v["claim Events without their landed write"] = [
             problem for claim in resources for problem in records.events_without_their_write(claim, events)
         ]

@@ -168,6 +168,8 @@ class Lab:
     # lets such timers fire first. The real server retries that task instead (the chaos suite runs on it).
     settle_after_skip: float = 0.0
     in_flight: InFlight = field(default_factory=lambda: InFlight())
+    runtime: Runtime | None = None
+    retired: list[WorkflowEnvironment] = field(default_factory=list)  # servers whose state the lab lost
 
     async def restart_worker(self) -> None:
         """Stop the worker (its running activities finish first) and start a fresh one: a worker restart."""
@@ -298,22 +300,40 @@ class Lab:
 
         return await self.until(check, within=within, step=step, what=f"claim {name} {phase}")  # type: ignore[no-any-return]
 
-    async def lose_workflows(self, claims: Iterable[str], slots: Iterable[str], group: str = "g") -> list[str]:
-        """Temporal loses every workflow here (terminated, as from the Web UI, or with its database): the group's,
-        these claims' and these slots' releases. The `<id>@<run id>` of every run that was running.
+    async def lose_temporal(self) -> None:
+        """Temporal's database is wiped: every workflow is gone. The lab goes on with a new, empty server whose clock
+        is first moved to the old one's time, and a new worker on it (the old one is stopped first, so nothing it ran
+        lands after the loss; the chaos suite has late writes, on the real server). The old server, its workflows
+        left with no worker, is shut down with the lab. Whatever holds the old client (the watchers) is re-pointed
+        by the caller.
 
-        The worker is stopped meanwhile (its activities finish first) and a new one started after: the time-skipping
-        server keeps its clock locked for good for an activity whose workflow is terminated while it runs (the
-        completion is refused), and every later skip then takes real time. The chaos suite loses workflows mid-
-        activity, on the real server. Every workflow of the lab must be among these: a new worker meets no sticky
-        queue of the old one only for workflows that are gone.
+        Not `terminate`: the time-skipping server keeps its clock locked for good for a workflow terminated while a
+        workflow task (or an activity) of it is pending, and every later skip then takes real time.
         """
+        now = await self.env.get_current_time()
         if self.worker is not None:
             await self.worker.__aexit__(None, None, None)
             self.worker = None
-        ids = [c.group_workflow_id(NS, group)]
-        ids += [c.claim_workflow_id(NS, name) for name in claims]
+        self.retired.append(self.env)
+        self.env = await start_temporal(self.runtime)
+        behind = (now - await self.env.get_current_time()).total_seconds()
+        if behind > 0:
+            await self.env.sleep(behind)
+        await self.restart_worker()
+
+    async def lose_workflows(self, claims: Iterable[str], slots: Iterable[str], group: str = "g") -> list[str]:
+        """These workflows are lost (terminated, as from the Web UI): the group's, these claims' and these slots'
+        releases. The `<id>@<run id>` of every run that was running.
+
+        Lost once no workflow task is out: the time-skipping server keeps its clock locked for good for a workflow
+        terminated while a workflow task (or an activity) of it is pending, and every later skip then takes real
+        time. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
+        the chaos suite loses them anywhere, on the real server.
+        """
+        await self.in_flight.quiet()
+        ids = [c.claim_workflow_id(NS, name) for name in claims]
         ids += [c.release_workflow_id(NS, slot) for slot in slots]
+        ids.append(c.group_workflow_id(NS, group))  # the parent last: it hears its children end
         lost = []
         for wid in ids:
             handle = self.client.get_workflow_handle(wid)
@@ -327,7 +347,6 @@ class Lab:
                     raise
                 continue
             lost.append(f"{wid}@{desc.run_id}")
-        await self.restart_worker()
         return lost
 
     # --- the cluster -------------------------------------------------------------------------------------------
@@ -384,14 +403,11 @@ async def open_lab(
 ) -> AsyncIterator[Lab]:
     """The lab; `cached_workflows=0` replays every workflow task (worker restarts then never meet a sticky queue)."""
     spec = parse_homelab_spec(doc, "test")
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=test_server_path(), data_converter=DATA_CONVERTER, runtime=runtime
-    )
+    servers = [await start_temporal(runtime)]
     try:
-        await register_search_attributes(env.client, "default", check_first=False)
         with HomelabServer(spec, time_scale=0) as hl:
             kube = Kube.connect(server=hl.url, timeout=kube_timeout)
-            lab = Lab(env, hl, kube, cached_workflows=cached_workflows, sandboxed=sandboxed)
+            lab = Lab(servers[0], hl, kube, cached_workflows=cached_workflows, sandboxed=sandboxed, runtime=runtime)
             try:
                 await lab.restart_worker()
                 yield lab
@@ -399,8 +415,19 @@ async def open_lab(
                 if lab.worker is not None:
                     await lab.worker.__aexit__(None, None, None)
                 kube.close()
+                servers = [*lab.retired, lab.env]
     finally:
-        await env.shutdown()
+        for env in servers:
+            await env.shutdown()
+
+
+async def start_temporal(runtime: Runtime | None = None) -> WorkflowEnvironment:
+    """A time-skipping Temporal server, empty, with the operator's search attributes."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=test_server_path(), data_converter=DATA_CONVERTER, runtime=runtime
+    )
+    await register_search_attributes(env.client, "default", check_first=False)
+    return env
 
 
 # --- helpers shared by the workflow tests -----------------------------------------------------------------

@@ -99,7 +99,6 @@ class Model:
     deleted_slots: set[str] = field(default_factory=set)
     checked_closed: set[str] = field(default_factory=set)
     restarts: bool = False  # whether this example restarts its worker (it then runs with no workflow cache)
-    lost: set[str] = field(default_factory=set)  # `<workflow id>@<run id>` of every run Temporal lost
     finalizers: records.Finalizers = field(default_factory=records.Finalizers)
 
     # --- driving -------------------------------------------------------------------------------------------
@@ -132,7 +131,7 @@ class Model:
             ("hand_delete", 1, self.hand_delete),
             ("delete_slot", 0.5, self.delete_slot),
             ("restore_slots", 0.5, self.restore_slots),
-            ("lose_workflows", 0.5, self.lose_workflows),
+            ("lose_temporal", 0.5, self.lose_temporal),
         ]
         if self.restarts:
             table.append(("restart_worker", 0.7, self.restart_worker))
@@ -279,14 +278,13 @@ class Model:
     async def restart_worker(self) -> None:
         await self.lab.restart_worker()
 
-    async def lose_workflows(self) -> None:
-        """Temporal loses every workflow (a database lost, or each terminated in the Web UI); the cluster keeps every
-        resource. The watchers' next relist (or the provider's next call) starts the group again, which takes the
-        claims over from their resources."""
+    async def lose_temporal(self) -> None:
+        """Temporal loses every workflow (its database is wiped); the cluster keeps every resource. The watchers'
+        next relist (or the provider's next call) starts the group again, which takes the claims over from their
+        resources."""
         self.claims |= set(self.resources()) | set((await self.lab.snapshot())["claims"])
-        lost = await self.lab.lose_workflows(sorted(self.claims), SLOTS)
-        self.lost |= set(lost)
-        self.log[-1] += f" ({len(lost)} runs)"
+        await self.lab.lose_temporal()
+        self.watchers.signals = self.watchers.dispatcher.signals = Signals(self.lab.client)
         await self.watchers.dispatcher.refresh_groups()
 
     def workflow_ids(self) -> list[str]:
@@ -401,8 +399,6 @@ class Model:
                 continue
             if desc.status == WorkflowExecutionStatus.RUNNING:
                 continue
-            if f"{handle.id}@{desc.run_id}" in self.lost:
-                continue  # the loss ended it; its resource was taken over, or ended with no run to record it
             if desc.status == WorkflowExecutionStatus.FAILED:
                 try:
                     await handle.result()

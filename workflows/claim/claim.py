@@ -180,7 +180,7 @@ class Claim(ClaimRuntime):
             await self.project(EventReason.SHUTDOWN_STREAK_RESET, streak, summary=f"record the reset on {s.seed.name}")
             return
         fields = ", ".join(f"status.{name}" for name in edited)
-        message = f"{fields} edited by hand; overwritten with the claim's record"
+        message = f"{fields} edited by hand (on revision {edit.revision}); overwritten with the claim's record"
         await self.project(
             EventReason.STATUS_OVERWRITTEN,
             f"{message}; {streak}" if reset else message,
