@@ -49,6 +49,8 @@ from workflows.group.workflow import GroupWorkflow
 NS = "homelab"
 # Real seconds a check may still take to come true after its workflow time is spent (a busy worker catching up).
 REAL_TIME_GRACE = 10.0
+# Real seconds a skip may move the test server's clock no faster than real time before it counts as stalled.
+STALL_WINDOW = 15.0
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("HOMELAB_RECORD_HISTORIES") == "1"
 # A generation prefix: histories of every released workflow version stay, so an upgrade is checked against all.
@@ -152,6 +154,10 @@ class InFlight(CustomSlotSupplier):
         return False
 
 
+class ClockStalled(Exception):
+    """The time-skipping server stopped skipping: every skip would take real time from now on."""
+
+
 def _dropped(err: RPCError) -> bool:
     """A call to the test server that a loaded machine lost, not one it refused: asking again is right."""
     return any(mark in err.message for mark in ("h2 protocol error", "Timeout expired"))
@@ -208,7 +214,7 @@ class Lab:
         left = seconds
         for attempt in range(4):
             try:
-                await self.env.sleep(left)
+                await self._skip(left)
                 break
             except RPCError as err:
                 if attempt == 3 or not _dropped(err):
@@ -220,6 +226,24 @@ class Lab:
         if self.settle_after_skip:
             await asyncio.sleep(self.settle_after_skip)
             await self.in_flight.quiet()
+
+    async def _skip(self, seconds: float) -> None:
+        """One skip of the test server's clock, watched: a skip in which the clock moves no faster than real time
+        for `STALL_WINDOW` is stalled (a workflow task or an activity holds the clock for good: a completion the
+        server refused, a task of a workflow it ended), and raises `ClockStalled` rather than waiting it out."""
+        sleeping = asyncio.ensure_future(self.env.sleep(seconds))
+        try:
+            mark = (await self.server_time(), time.monotonic())
+            while not (await asyncio.wait({sleeping}, timeout=STALL_WINDOW))[0]:
+                now = (await self.server_time(), time.monotonic())
+                if (now[0] - mark[0]).total_seconds() < 1.1 * (now[1] - mark[1]):
+                    raise ClockStalled(f"a skip of {seconds:.0f} s: the test server's clock moved at real pace for "
+                                       f"{now[1] - mark[1]:.0f} s (something holds it)")  # fmt: skip
+                mark = now
+            sleeping.result()
+        finally:
+            if not sleeping.done():
+                sleeping.cancel()
 
     async def server_time(self) -> datetime:
         """The test server's time, asked again when a loaded machine drops the connection (a few times)."""

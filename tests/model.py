@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -38,7 +39,7 @@ from api import contracts as c
 from api.names import ClaimReason
 from domain.timings import TIMINGS
 from tests import records
-from tests.lab import NS, REFUSALS, Lab, homelab, open_lab, refusal_watching_runtime
+from tests.lab import NS, REFUSALS, ClockStalled, Lab, homelab, open_lab, refusal_watching_runtime
 from watchers.main import Watchers
 from watchers.signals import Signals
 from workflows.group.workflow import GroupWorkflow
@@ -566,6 +567,20 @@ class Model:
         if failed:
             raise self.violation(failed)
 
+    async def holding(self) -> str:
+        """The workflows with a workflow task or an activity pending: what may hold the test server's clock."""
+        found = []
+        for wid in self.workflow_ids():
+            try:
+                desc = (await self.lab.client.get_workflow_handle(wid).describe()).raw_description
+            except RPCError:
+                continue
+            activities = [f"{a.activity_type.name} (attempt {a.attempt})" for a in desc.pending_activities]
+            task = desc.pending_workflow_task.state if desc.HasField("pending_workflow_task") else 0
+            if activities or task:
+                found.append(f"{wid}: workflow task state {task}, activities {activities}")
+        return "pending: " + ("; ".join(found) or "nothing the model knows of")
+
     async def failed_task(self) -> str | None:
         """The first failed workflow task of any workflow here, with its workflow's id; None when there is none."""
         ids = [c.group_workflow_id(NS, "g")]
@@ -612,8 +627,9 @@ class Inconclusive(Exception):
 
 def _inconclusive_if_refused(seed: int, refused_before: int, err: BaseException, cause: str) -> None:
     """A failure after the test server refused a workflow task's completion, with no failed workflow task to
-    explain it, is that server's (the stranded workflow answers no Query again), not the operator's."""
-    if cause or len(REFUSALS.seen) <= refused_before:
+    explain it, is that server's (the stranded workflow answers no Query again, and its task holds the clock), not
+    the operator's."""
+    if (cause and not isinstance(err, ClockStalled)) or len(REFUSALS.seen) <= refused_before:
         return
     first = (str(err) or repr(err)).splitlines()[0]
     raise Inconclusive(
@@ -622,18 +638,36 @@ def _inconclusive_if_refused(seed: int, refused_before: int, err: BaseException,
     )
 
 
-async def _failing(model: Model) -> str:
-    """A workflow task failing on every try explains a Query or a wait that timed out better than the timeout."""
+async def _failing(model: Model, err: BaseException) -> str:
+    """A workflow task failing on every try explains a Query or a wait that timed out better than the timeout; a
+    stalled clock is explained by what holds it."""
     try:
+        if isinstance(err, ClockStalled):
+            return "\n" + await asyncio.wait_for(model.holding(), 60)
         found = await asyncio.wait_for(model.failed_task(), 60)
-    except Exception as err:  # the report is a diagnosis: its own failure must not hide the example's
-        return f"\n(the histories could not be read for failed workflow tasks: {err!r})"
+    except Exception as failed:  # the report is a diagnosis: its own failure must not hide the example's
+        return f"\n(the workflows could not be read for a diagnosis: {failed!r})"
     return f"\nbecause {found}" if found else ""
+
+
+def dump_tasks() -> None:
+    """What every task of the test awaits, innermost last (`kill -USR1 <pid>` of a soak that seems stuck)."""
+    for task in asyncio.all_tasks():
+        chain: list[str] = []
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+            if frame is not None:
+                chain.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        if any("/tests/" in line for line in chain):
+            print(f"task {task.get_name()}:\n  " + "\n  ".join(chain), flush=True)
 
 
 async def run_example(seed: int, steps: int) -> Counter[str]:
     """One example: a fresh homelab, `steps` random steps from `seed`, then the quiet check; the steps' tally."""
     rng = random.Random(seed)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
     doc = homelab([{"name": s} for s in SLOTS], maxSize=MAX_SIZE)
     # One example in three restarts its worker. It runs with no workflow cache: every workflow task replays its
     # whole history, so a restarted worker meets no sticky queue of the one before (the test server never moves a
@@ -653,7 +687,7 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
         try:
             await model.run(steps)
         except Exception as err:  # anything, not only a Violation, is a failure of the system: say where it was
-            cause = await _failing(model)
+            cause = await _failing(model, err)
             _inconclusive_if_refused(seed, refused_before, err, cause)
             if isinstance(err, Violation):
                 raise Violation(f"seed {seed}: {err}{cause}") from None
