@@ -348,6 +348,16 @@ _DEFAULT_READINESS_TAINTS_JSON: list[JsonValue] = [
 ]
 
 
+#: A Kubernetes resource quantity ("4", "500m", "16Gi", "1e3"), as the API server's own pattern checks it.
+CAPACITY_QUANTITY = Annotated[
+    str,
+    Field(
+        pattern=r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        max_length=64,
+    ),
+]
+
+
 class GroupSpec(_Spec):
     """A pool of slots that cluster-autoscaler sees as one node group, with its autoscaler options."""
 
@@ -410,6 +420,11 @@ class GroupSpec(_Spec):
     )
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="Labels of the template node cluster-autoscaler plans with."
+    )
+    node_capacity: dict[str, CAPACITY_QUANTITY] = Field(
+        default_factory=dict,
+        description="Capacity of the template node while none of the group's machines has registered a Node yet "
+        "(cpu, memory, pods...): without it a new group cannot be scaled up from zero. A machine seen since wins.",
     )
 
     @model_validator(mode="after")

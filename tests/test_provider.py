@@ -164,6 +164,31 @@ async def test_scale_up_of_three_from_zero() -> None:
         assert ("Ready", "True") in {(cond.type, cond.status) for cond in node.status.conditions}
 
 
+async def test_a_new_group_scales_from_zero_on_its_declared_capacity_until_a_machine_is_seen() -> None:
+    """Found against the real cluster-autoscaler: a group none of whose machines had registered was never a scale-up
+    option ("No node info"); `spec.nodeCapacity` gives it a template, and a machine seen since wins."""
+    machine = {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
+    doc = homelab([slot("s1", node=machine)], nodeLabels={"tier": "big"},
+                  nodeCapacity={"cpu": "4", "memory": "16Gi", "pods": "50"})  # fmt: skip
+    async with serving(doc) as p:
+        got = await p.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="g"), timeout=CA_DEADLINE)
+        node = k8s.Node.FromString(got.nodeBytes)
+        assert {k: q.string for k, q in node.status.capacity.items()} == {"cpu": "4", "memory": "16Gi", "pods": "50"}
+        assert {k: q.string for k, q in node.status.allocatable.items()}["cpu"] == "4"
+        assert dict(node.metadata.labels) == {"tier": "big"}
+        assert ("Ready", "True") in {(cond.type, cond.status) for cond in node.status.conditions}
+
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
+        await p.lab.until(
+            lambda: all_states(p, pb.InstanceStatus.instanceRunning, 1), within=5 * MIN, what="the machine running"
+        )
+        await p.lab.group().signal(c.GroupSignal.REFRESH)
+        await p.lab.until(lambda: _with_template(p.lab), within=MIN, step=1, what="template in snapshot")
+        got = await p.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="g"), timeout=CA_DEADLINE)
+        seen = k8s.Node.FromString(got.nodeBytes)
+        assert {k: q.string for k, q in seen.status.capacity.items()}["cpu"] == "8", "the machine seen wins"
+
+
 async def _with_template(lab: Lab) -> dict[str, Any] | None:
     snap = await lab.snapshot()
     return snap if snap["template"] else None
@@ -183,10 +208,12 @@ async def test_failed_boot_shows_error_info_then_delete_nodes_with_the_fake_node
         assert failed.status.errorInfo.errorCode == "startup-job-failed"
         assert failed.status.errorInfo.instanceErrorClass == 99
         assert "StartupJobFailed" in failed.status.errorInfo.errorMessage
-        assert await p.target() == 0
+        # In the target until deleted: cluster-autoscaler backs a group off only while its scale-up is in flight.
+        assert await p.target() == 1
         # Kept for more than one autoscaler loop, so cluster-autoscaler sees it and backs the group off.
         await p.lab.advance(30)
         assert await errored() is not None
+        assert await p.target() == 1
 
         # cluster-autoscaler deletes the errored instance through a fake node: name == providerID == instance id.
         fake = pb.ExternalGrpcNode(
