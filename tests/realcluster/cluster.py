@@ -37,13 +37,21 @@ SERVICE_CIDR = "10.0.0.0/24"
 # them, it never completes one.
 KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
                "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml")  # fmt: skip
-# Audit: every request of the identities under test in full, the rest by metadata (tests/realcluster/audit.py).
+# Audit: the operator's requests in full (bodies and responses, for the emulator's replay), everyone's metadata (for
+# the RBAC table), leases and events of the control plane's own components left out (noise).
+OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
-        {"level": "RequestResponse", "userGroups": ["system:serviceaccounts:homelab-autoscaler-system"]},
+        {"level": "RequestResponse", "users": [OPERATOR_USER]},
+        {"level": "None", "userGroups": ["system:nodes"]},
+        {
+            "level": "None",
+            "users": ["kwok", "system:kube-scheduler", "system:kube-controller-manager"],
+            "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
+        },
         {"level": "Metadata"},
     ],
 }

@@ -29,6 +29,7 @@ CONTROL_PLANE = "control-plane"
 MACHINE_LABEL = "homelab.dev/machine"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 DEPLOY = ROOT / "deploy"
+MACHINE_CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class SlotSpec:
 
     def machine(self) -> Machine:
         labels = {MACHINE_LABEL: "true", "homelab.dev/pool": self.group}
-        return Machine(self.node_name, self.provider_id, labels)
+        return Machine(self.node_name, self.provider_id, labels, dict(MACHINE_CAPACITY))
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,12 @@ def homelab_objects(homelab: Homelab) -> list[dict[str, Any]]:
         docs.append({
             "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "Group",
             "metadata": {"name": g.name, "namespace": NS},
+            # nodeCapacity: a group none of whose machines was ever seen still has a template to scale from zero.
             "spec": {"minSize": 0, "maxSize": g.max_size, "scaleDownUnneededTime": "30s",
                      "scaleDownUnreadyTime": "5m", "maxNodeProvisionTime": "5m", "nodeReadinessTaints": [],
-                     "powerOffNodePolicy": "Delete", "nodeLabels": {"homelab.dev/pool": g.name}},
+                     "powerOffNodePolicy": "Delete",
+                     "nodeLabels": {"homelab.dev/pool": g.name, MACHINE_LABEL: "true"},
+                     "nodeCapacity": dict(MACHINE_CAPACITY)},
         })  # fmt: skip
     for s in homelab.slots:
         docs.append({
