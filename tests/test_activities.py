@@ -282,7 +282,10 @@ def test_startup_job_for_a_claim(cluster: EmulatorServer, acts: KubeActivities) 
     ]
     spec = job["spec"]
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (0, 300, 600)
-    assert spec["template"]["metadata"]["labels"] == job["metadata"]["labels"]
+    uid = job["metadata"]["uid"]
+    generated = {"job-name": "c1-startup", "batch.kubernetes.io/job-name": "c1-startup", "controller-uid": uid,
+                 "batch.kubernetes.io/controller-uid": uid}  # the API server's, for the Job's Pods  # fmt: skip
+    assert spec["template"]["metadata"]["labels"] == {**job["metadata"]["labels"], **generated}
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     container = container_of(job)
     assert container["name"] == "power"
