@@ -26,6 +26,7 @@ from api import names
 from api.v2alpha1 import Group, Node, NodeClaim
 from kube.errors import Conflict, Gone, Invalid, KubeError, NotFound, Transient, from_api_exception
 from kube.settings import KubeSettings
+from kube.views import JobCause, job_cause, job_pod_selector
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ SLOTS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODES, names.KIND_NODE
 CLAIMS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODECLAIMS, names.KIND_NODECLAIM, True)
 KUBELET_NODES = Resource("", "v1", "nodes", "Node", False)
 JOBS = Resource("batch", "v1", "jobs", "Job", True)
+PODS = Resource("", "v1", "pods", "Pod", True)
 RESOURCES: dict[type[BaseModel], Resource] = {Group: GROUPS, Node: SLOTS, NodeClaim: CLAIMS}
 EVENTS = Resource("", "v1", "events", "Event", True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
@@ -529,6 +531,16 @@ class Kube:
             return self._get(JOBS, namespace, name)
         except NotFound:
             return None
+
+    def job_cause(self, namespace: str, name: str) -> JobCause:
+        """Why the Job `name` failed: its Pods, listed by the Job's own selector, read by `views.job_cause` (exit
+        code, reason, the termination message trimmed), or what happened when none says it (no Job, no Pod, a Pod
+        that never ended, the Job's activeDeadlineSeconds). Two requests: the Job, then its Pods."""
+        job = self.get_job(namespace, name)
+        if job is None:
+            return job_cause(None, [])
+        pods, _ = self.list_raw(PODS, namespace, job_pod_selector(job))
+        return job_cause(job, pods)
 
     # --- Events ----------------------------------------------------------------------------------------
     def create_event(

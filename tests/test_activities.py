@@ -696,6 +696,20 @@ def test_build_job_carries_the_pod_fields_a_power_job_needs(examples: dict[str, 
     assert "hostNetwork" not in plain and "dnsPolicy" not in plain, "unset: the pod network and Kubernetes' DNS"
 
 
+def test_a_power_container_falls_back_to_its_log_for_last_words_unless_told(examples: dict[str, list[Obj]]) -> None:
+    """A script that fails without writing /dev/termination-log still says why: the end of its log becomes its
+    terminated state's message (`FallbackToLogsOnError`), unless the slot asks for the kubelet's `File`."""
+    raw = examples["nodes"][0]
+    raw["metadata"]["uid"] = "slot-uid"
+    job = build_job(Node.model_validate(raw), "startup", "w-startup", "", "")
+    assert container_of(job)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    raw["spec"]["startupPodSpec"]["terminationMessagePolicy"] = "File"
+    job = build_job(Node.model_validate(raw), "startup", "w-startup", "", "")
+    assert container_of(job)["terminationMessagePolicy"] == "File"
+    raw["spec"]["startupPodSpec"]["terminationMessagePolicy"] = "Always"
+    assert "terminationMessagePolicy" in views.slot_problem(raw)
+
+
 def test_a_dns_policy_the_template_cannot_serve_is_refused_by_name(examples: dict[str, list[Obj]]) -> None:
     """dnsPolicy None needs a dnsConfig the template does not offer: refused, naming the field."""
     raw = examples["nodes"][0]
