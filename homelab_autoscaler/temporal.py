@@ -34,17 +34,25 @@ _RUNTIMES: dict[str, Runtime] = {}
 
 
 def runtime_for(metrics_address: str | None) -> Runtime | None:
-    """One SDK runtime per process and metrics address: it serves /metrics for the SDK and the operator."""
+    """One SDK runtime per process and metrics address: it serves /metrics for the SDK and the operator.
+
+    Named as Prometheus users expect: durations in seconds with a `_seconds` suffix, counters with `_total`
+    (the exporter appends both, so the names in code stay bare), and no `service_name="temporal-core-sdk"` label,
+    which says nothing about a metric of the operator's (a scrape's `job` and `instance` say where it came from).
+    """
     if not metrics_address:
         return None
     if metrics_address not in _RUNTIMES:
         _RUNTIMES[metrics_address] = Runtime(
             telemetry=TelemetryConfig(
+                attach_service_name=False,
                 metrics=PrometheusConfig(
                     bind_address=metrics_address,
                     durations_as_seconds=True,
+                    counters_total_suffix=True,
+                    unit_suffix=True,
                     histogram_bucket_overrides={operator_metrics.TIME_TO_READY: operator_metrics.TIME_TO_READY_BUCKETS},
-                )
+                ),
             )
         )
     return _RUNTIMES[metrics_address]

@@ -100,7 +100,8 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
 
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         assert re.search(r'homelab_claims\{group="workers",[^}]*phase="ready"[^}]*\} 1', text), text[:2000]
-        assert re.search(r'homelab_provider_calls\{code="OK",method="NodeGroupIncreaseSize"', text)
+        assert re.search(r'homelab_provider_calls_total\{code="OK",method="NodeGroupIncreaseSize"\}', text), text[:2000]
+        assert re.search(r'homelab_provider_call_latency_seconds_bucket\{[^}]*method="NodeGroupIncreaseSize"', text)
         assert urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=5).status == 200
 
         kubectl = ["kubectl", "--server", f"http://127.0.0.1:{kube}", "get", "nodes.infra.homecluster.dev", "-A"]
