@@ -128,6 +128,30 @@ def _parse(model: type[M], obj: JSON) -> M:
         raise Invalid(message) from exc
 
 
+def config_problem(settings: KubeSettings) -> str:
+    """Why no adapter can be built from `settings` ("" when one can): a kubeconfig that does not load, or lacks
+    the context named. Read before a command starts anything; no request is made."""
+    if settings.server:
+        return ""
+    if settings.kubeconfig is None and k8s_config.incluster_config.SERVICE_HOST_ENV_NAME in os.environ:
+        return ""
+    where = (
+        f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "the kubeconfig ($KUBECONFIG or ~/.kube/config)"
+    )
+    if settings.context:
+        where += f", kube_context {settings.context}"
+    try:
+        k8s_config.load_kube_config(
+            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.context,
+            client_configuration=k8s.Configuration(),
+        )
+    except Exception as err:  # the loader raises ConfigException, OSError, YAML and type errors alike
+        said = " ".join(str(err).split()) or type(err).__name__
+        return f"{where}: {said} (kube_server names an API server instead)"
+    return ""
+
+
 class Kube:
     """The adapter: one instance per process, safe to share between threads (the client pools connections)."""
 

@@ -711,6 +711,10 @@ def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path) -> N
         ProviderSettings(address="0.0.0.0:8086")
     with pytest.raises(ValidationError, match="refusing"):
         ProviderSettings(address=":8086")
+    with pytest.raises(ValidationError, match="is not a readable file"):
+        ProviderSettings(tls_cert=tmp_path / "c.pem")
+    for name in ("c.pem", "tls_cert", "tls_key", "tls_ca"):
+        (tmp_path / name).write_text("PEM")
     with pytest.raises(ValidationError, match="go together"):
         ProviderSettings(tls_cert=tmp_path / "c.pem")
     assert ProviderSettings(address="0.0.0.0:8086", insecure=True).insecure
