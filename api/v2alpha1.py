@@ -72,6 +72,7 @@ __all__ = [
     "ResourceRequirements",
     "SecretEnvSource",
     "Taint",
+    "TerminationMessagePolicy",
     "Time",
     "Toleration",
     "Transition",
@@ -588,6 +589,7 @@ class Toleration(_Spec):
 
 #: core/v1 dnsPolicy, less `None` (which needs a dnsConfig the template does not offer).
 DNSPolicy = Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default"]
+TerminationMessagePolicy = Literal["File", "FallbackToLogsOnError"]
 
 
 class PodSpecTemplate(_Spec):
@@ -638,6 +640,12 @@ class PodSpecTemplate(_Spec):
     dns_policy: DNSPolicy | None = Field(
         default=None,
         description="The pod's dnsPolicy; unset: ClusterFirstWithHostNet with hostNetwork, else ClusterFirst.",
+    )
+    termination_message_policy: TerminationMessagePolicy | None = Field(
+        default=None,
+        description="Where the container's last words come from: File (its /dev/termination-log only) or "
+        "FallbackToLogsOnError (that file, else the last lines of its log when it fails); unset: "
+        "FallbackToLogsOnError, so a failed Job says why.",
     )
 
 

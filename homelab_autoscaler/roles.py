@@ -40,7 +40,7 @@ from homelab_autoscaler.settings import (
 )
 from homelab_autoscaler.simulator import SimulatedHomelab, check_homelab
 from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
-from kube.adapter import Kube
+from kube.adapter import Kube, config_problem
 from kube.settings import KubeSettings
 from provider.server import serve as serve_provider
 from provider.service import CloudProvider
@@ -255,6 +255,20 @@ def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:
     return ports
 
 
+def check_kube(kube: KubeSettings) -> None:
+    """The kubeconfig (and its context) load, or one line naming the flag: found before anything starts."""
+    problem = config_problem(kube)
+    if problem:
+        raise UserError(problem)
+
+
+def preflight(command: str, settings: Settings) -> None:
+    """What settings validation cannot see and a person can still get wrong, checked before anything starts: the
+    kubeconfig and its context, and the ports (`compose` checks them again, for a port taken in between)."""
+    check_kube(settings.section(KubeSettings))
+    check_free(process_ports(settings, ROLES[command].roles))
+
+
 async def compose(
     settings: Settings, roles: tuple[Role, ...], stop: asyncio.Event, *, extra: list[Awaitable[Any]] | None = None
 ) -> int:
@@ -306,10 +320,11 @@ async def run_command(command: str, settings: Settings) -> int:
 
 # --- dev ---------------------------------------------------------------------------------------------------------
 def no_cluster_configured(kube: KubeSettings) -> bool:
-    """No API server named, no kubeconfig, not in a pod: `dev` then simulates the homelab."""
+    """No API server named, no kubeconfig or context, not in a pod: `dev` then simulates the homelab."""
     return (
         kube.server is None
         and kube.kubeconfig is None
+        and kube.context is None
         and "KUBERNETES_SERVICE_HOST" not in os.environ
         and not os.environ.get("KUBECONFIG")
         and not (Path.home() / ".kube" / "config").exists()
@@ -328,28 +343,38 @@ def dev_ports(settings: Settings, simulate: bool) -> list[Port]:
     return ports + process_ports(settings, ROLES["run"].roles)
 
 
-async def dev_role(settings: Settings) -> int:
-    """The embedded Temporal server (and the simulated homelab), then `run`; everything stops on SIGTERM.
-
-    Everything a person can get wrong (the homelab file, a busy port, the `temporal` binary) is checked before
-    anything is started or deleted, so a second `dev` beside a running one leaves the first untouched.
-    """
-    from homelab_autoscaler.demo import demo_task
-    from homelab_autoscaler.devserver import DevServer, state_dir, temporal_binary
+def dev_preflight(settings: Settings) -> bool:
+    """Everything a person can get wrong in `dev` (the cluster to use, the homelab file, the `temporal` binary, a
+    busy port), checked before anything is started or deleted, so a second `dev` beside a running one leaves the
+    first untouched. Whether it simulates the homelab."""
+    from homelab_autoscaler.devserver import temporal_binary
 
     dev = settings.section(DevSettings)
     kube_settings = settings.section(KubeSettings)
     if dev.simulate and (kube_settings.server or kube_settings.kubeconfig or kube_settings.context):
         raise UserError("--simulate serves its own API server: drop --kube-server, --kubeconfig and --kube-context")
     simulate = dev.simulate or no_cluster_configured(kube_settings)
-    check_free(dev_ports(settings, simulate))
-    if simulate:
+    if not simulate:
+        check_kube(kube_settings)
+    if simulate or dev.homelab is not None:
         check_homelab(dev.homelab)
     try:
         temporal_binary()
     except FileNotFoundError as err:
         raise UserError(str(err)) from None
+    check_free(dev_ports(settings, simulate))
+    return simulate
 
+
+async def dev_role(settings: Settings, simulate: bool) -> int:
+    """The embedded Temporal server (and the simulated homelab), then `run`; everything stops on SIGTERM.
+
+    `dev_preflight` has checked what a person can get wrong and decided `simulate`."""
+    from homelab_autoscaler.demo import demo_task
+    from homelab_autoscaler.devserver import DevServer, state_dir
+
+    dev = settings.section(DevSettings)
+    kube_settings = settings.section(KubeSettings)
     stop = stop_on_signals()
     logs = state_dir()
     logs.mkdir(parents=True, exist_ok=True)

@@ -107,6 +107,8 @@ async def _workload() -> set[Use]:
         assert await lab.increase(1) == 1
         (claim,) = await lab.claim_names()
         await lab.wait_phase(claim, "ready", within=3 * MIN)
+        # Why a lifecycle Job failed: the Job, then its Pods by its selector (the cause a failed boot carries).
+        assert lab.kube.job_cause(NS, f"{claim}-startup").exit_code == 0
         assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
         await lab.wait_phase(claim, "completed", within=5 * MIN, step=10)
         await lab.advance(50 * MIN)

@@ -15,10 +15,12 @@ rules — see ``emulator_strict``. The direct helpers ``put_object`` and ``patch
 as etcd would take it, past admission (``patch_object(..., admit=True)`` is judged like a client's write): that
 is how a test stores an object a real server would refuse today (one an older server or schema took). Lists page with
 ``limit``/``continue`` and honour ``resourceVersionMatch`` (``emulator_pages``); ``kubectl get`` gets the real
-table columns of the built-in kinds (``emulator_tables``).
+table columns of the built-in kinds (``emulator_tables``), each row with the object ``includeObject`` asks for (so
+``--sort-by`` works). A created Job gets the selector, template labels and defaults the Job strategy gives it
+(``emulator_strategy``); ``pods/log`` serves what a simulated kubelet wrote to ``logs`` (``emulator_logs``).
 
 Not implemented (tests must not rely on these): server-side apply (``application/apply-patch+yaml``
-→ 415), admission, RBAC/authn, built-in defaulting (``SetDefaults_*``), consistent snapshots for continued
+→ 415), admission, RBAC/authn, built-in defaulting (``SetDefaults_*``) but a Job's, consistent snapshots for continued
 list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
 existence checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
 watch as Table, and field selectors are accepted for any dotted path (a real server allows a per-kind
@@ -53,6 +55,7 @@ from kubernetes import client as k8s_client
 
 from homelab_sim.emulator_core import KUBERNETES_VERSION
 from homelab_sim.emulator_errors import ApiError
+from homelab_sim.emulator_logs import ContainerLogs, log_container, render_log
 from homelab_sim.emulator_pages import (
     decode_continue,
     paginate,
@@ -64,12 +67,14 @@ from homelab_sim.emulator_resources import (
     CRD_GROUP,
     CRD_VERSION,
     DEFAULT_RESOURCES,
+    PODS,
     ResKey,
     ResourceSpec,
 )
 from homelab_sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
+from homelab_sim.emulator_strategy import DEFAULT_STORED, PREPARE_FOR_CREATE
 from homelab_sim.emulator_strict import Admission, strict_by_default
-from homelab_sim.emulator_tables import TABLES, crd_columns, table
+from homelab_sim.emulator_tables import INCLUDE_OBJECT, TABLES, crd_columns, table
 
 __all__ = [
     "CRD_GROUP",
@@ -95,6 +100,7 @@ ObjKey = tuple[str | None, str]  # (namespace, name) within one resource
 Obj = dict[str, Any]
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the API server's own alphabet (no vowels)
+_GENERATED_PREFIX_MAX = 58  # maxGeneratedNameLength: 63 less the 5 random characters
 _WATCH_TRUE = frozenset({"true", "1", "True", "TRUE", "yes"})
 # Paths under this prefix are the simulator's own controls (see `KubeEmulator.control`), not the Kubernetes API.
 CONTROL_PREFIX = "/_sim/"
@@ -226,6 +232,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.listeners: list[Listener] = []
         self.compacted_below: int = 0
         self.control: dict[str, Callable[[Obj | None], Obj]] = {}  # `/_sim/<name>`: the simulator's own surface
+        self.logs = ContainerLogs()  # containers' output, written by whoever plays their kubelet
         self._watch_epoch = 0
         self._rv = 0
         self._logs: dict[ResKey, _Log] = {}
@@ -337,6 +344,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         spec = self.spec_of(group_version, plural)
         key: ObjKey = (namespace if spec.namespaced else None, name)
         return self._delete(spec, key, orphan=orphan)
+
+    def generate_name(self, group_version: str, plural: str, namespace: str | None, prefix: str) -> str:
+        """A name for ``generateName: prefix`` no object of the resource has, as the API server makes it."""
+        return self._generate_name(self.spec_of(group_version, plural), namespace, prefix)
+
+    def _generate_name(self, spec: ResourceSpec, namespace: str | None, prefix: str) -> str:
+        """``SimpleNameGenerator``: the prefix cut to 58 characters, then 5 random ones (a name stays within 63)."""
+        items = self.store[spec.key]
+        for _ in range(16):
+            name = prefix[:_GENERATED_PREFIX_MAX] + "".join(random.choices(_GENERATE_ALPHABET, k=5))
+            if (namespace, name) not in items:
+                return name
+        raise ApiError(409, "AlreadyExists", "could not generate a unique name")
 
     def shutdown_watches(self) -> None:
         """End every open watch stream (used before the server stops, so shutdown never hangs)."""
@@ -567,6 +587,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = self.store[spec.key].pop(key)
         uid = _meta(obj)["uid"]
         self._uids.pop(uid, None)
+        if spec.key == PODS:
+            self.logs.forget(uid)
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self._emit(spec, "DELETED", obj)
         orphan = uid in self._orphan_on_removal
@@ -773,6 +795,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if info.verb == "list":
             return self._respond(raw_request, spec, self._list(spec, info), table=True)
         if info.verb == "get":
+            if info.subresource == "log" and spec.key == PODS:
+                return await self._serve_log(raw_request, spec, key_, info)
             if info.subresource not in (None, "status"):
                 raise ApiError(404, "NotFound", f"unknown subresource {info.subresource}")
             return self._respond(raw_request, spec, copy.deepcopy(self._require(spec, key_)), table=True)
@@ -827,18 +851,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
             elif payload.get("kind") == spec.kind:
                 payload = self._read(spec, payload)
         if table and "as=Table" in raw_request.headers.get("Accept", ""):
-            payload = self._as_table(payload, spec)
+            payload = self._as_table(payload, spec, raw_request.query.get("includeObject") or "Metadata")
         response = aiohttp.web.json_response(payload, status=status)
         for warning in self._warnings:
             response.headers.add("Warning", "299 - " + json.dumps(warning))
         self._warnings = []
         return response
 
-    def _as_table(self, payload: Obj, spec: ResourceSpec) -> Obj:
-        """A meta.k8s.io/v1 Table for `kubectl get`: the kind's columns (``emulator_tables``)."""
+    def _as_table(self, payload: Obj, spec: ResourceSpec, include: str) -> Obj:
+        """A meta.k8s.io/v1 Table for `kubectl get`: the kind's columns (``emulator_tables``); each row carries the
+        object as ``includeObject`` asks (``--sort-by`` and ``-o custom-columns`` ask for the whole object)."""
+        if include not in INCLUDE_OBJECT:
+            raise ApiError(400, "BadRequest", f"unrecognized includeObject value: {include!r}")
         items = payload.get("items", [payload])
+        for item in items:  # list items as a get returns them, so a row's object is whole
+            item.setdefault("apiVersion", spec.api_version)
+            item.setdefault("kind", spec.kind)
         columns = TABLES.get((spec.group, spec.kind)) if not spec.custom else None
-        return table(items, columns or crd_columns(spec.printer_columns), self.clock(), str(self._rv))
+        columns = columns or crd_columns(spec.printer_columns)
+        return table(items, columns, self.clock(), str(self._rv), include=include)
 
     def _check_rv_param(self, spec: ResourceSpec, raw: str | None, *, watch: bool) -> int | None:
         if raw in (None, "", "0"):
@@ -960,13 +991,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
             prefix = meta.get("generateName")
             if not prefix:
                 raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
-            for _ in range(16):
-                meta["name"] = prefix + "".join(random.choices(_GENERATE_ALPHABET, k=5))
-                if (meta.get("namespace"), meta["name"]) not in items:
-                    break
-            else:
-                raise ApiError(409, "AlreadyExists", "could not generate a unique name")
+            meta["name"] = self._generate_name(spec, meta.get("namespace"), str(prefix))
+        prepare = PREPARE_FOR_CREATE.get(spec.key)
+        if prepare is not None:  # the system fields first, as the server fills them before the strategy runs
+            meta["uid"] = str(uuid.uuid4())
+            prepare(body)
         body = self._admit(spec, "create", body, None, info.params.get("fieldValidation"))
+        if (stored_default := DEFAULT_STORED.get(spec.key)) is not None:
+            stored_default(body)
         meta = body["metadata"]
         key: ObjKey = (meta.get("namespace"), meta["name"])
         if key in items:
@@ -1069,6 +1101,50 @@ class KubeEmulator(kmock.KubernetesEmulator):
             pass
         return response
 
+    async def _serve_log(
+        self, raw_request: aiohttp.web.BaseRequest, spec: ResourceSpec, key: ObjKey, info: RequestInfo
+    ) -> aiohttp.web.StreamResponse:
+        """``pods/log``: the container's output as text; with ``follow``, streamed until the container ends, the
+        Pod goes, or the client leaves (what the kubelet does)."""
+        pod = copy.deepcopy(self._require(spec, key))
+        container = log_container(pod, info.params)
+        uid = str(_meta(pod).get("uid"))
+        lines = self.logs.of(uid, container)
+        text = render_log(lines, info.params)
+        if info.params.get("follow") not in ("true", "1"):
+            return aiohttp.web.Response(text=text, content_type="text/plain")
+        response = aiohttp.web.StreamResponse(status=200)
+        response.content_type = "text/plain"
+        await response.prepare(raw_request)
+        wakeup = asyncio.Event()
+        self._wakeups.add(wakeup)
+        rest = {k: v for k, v in info.params.items() if k not in ("tailLines", "limitBytes")}
+        try:
+            await response.write(text.encode())
+            sent = len(lines)
+            while not self._closing:
+                wakeup.clear()
+                current = self.store[spec.key].get(key)
+                if current is None or _meta(current).get("uid") != uid:
+                    break
+                lines = self.logs.of(uid, container)
+                if len(lines) > sent:
+                    await response.write(render_log(lines[sent:], rest).encode())
+                    sent = len(lines)
+                if _container_ended(current, container):
+                    break
+                transport = raw_request.transport
+                if transport is None or transport.is_closing():
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), 1.0)
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._wakeups.discard(wakeup)
+        return response
+
     def _bookmark(self, spec: ResourceSpec, rv: int, *, initial_end: bool = False) -> Obj:
         meta: Obj = {"resourceVersion": str(rv)}
         if initial_end:
@@ -1111,6 +1187,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     await asyncio.wait_for(wakeup.wait(), wait)
         finally:
             self._wakeups.discard(wakeup)
+
+
+def _container_ended(pod: Obj, container: str) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(st.get("name") == container and (st.get("state") or {}).get("terminated") for st in statuses)
 
 
 def _page_key(obj: Mapping[str, Any]) -> str:

@@ -13,12 +13,13 @@ from typing import Any
 
 from api.crds import crds as _generated_crds
 
-__all__ = ["CRD_GROUP", "CRD_VERSION", "DEFAULT_RESOURCES", "ResKey", "ResourceSpec"]
+__all__ = ["CRD_GROUP", "CRD_VERSION", "DEFAULT_RESOURCES", "PODS", "ResKey", "ResourceSpec"]
 
 CRD_GROUP = "infra.homecluster.dev"
 CRD_VERSION = "v2alpha1"
 
 ResKey = tuple[str, str, str]  # (group, version, plural); group "" is the core API
+PODS: ResKey = ("", "v1", "pods")
 
 _ALL_VERBS = frozenset({"get", "list", "watch", "create", "patch", "update", "delete", "deletecollection"})
 
@@ -99,6 +100,8 @@ DEFAULT_RESOURCES: tuple[ResourceSpec, ...] = (
         namespaced=True,
         status_subresource=True,
         verbs=frozenset({"get", "list", "watch"}),
+        short_names=("po",),
+        categories=("all",),
     ),
     ResourceSpec("", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
     ResourceSpec("", "v1", "secrets", "Secret", namespaced=True),
