@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,7 @@ class Stack:
     provider_port: int = field(default_factory=free_port)
     health_ports: dict[str, int] = field(default_factory=dict)
     ca_metrics_port: int = field(default_factory=free_port)
+    provider_metrics_port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -248,9 +251,11 @@ class Stack:
         kubeconfig = self.cluster.token_kubeconfig("operator", NS, OPERATOR_SA)
         for role in ("worker", "provider", "watch"):
             self.health_ports[role] = free_port()
+            # The provider's /metrics counts cluster-autoscaler's calls (the story prints them per driver).
+            metrics = f"127.0.0.1:{self.provider_metrics_port}" if role == "provider" else ""
             args = [
                 str(BIN / "homelab-autoscaler"), role, "--temporal-address", self.temporal.address,
-                "--kubeconfig", str(kubeconfig), "--metrics-address", "", "--health-port",
+                "--kubeconfig", str(kubeconfig), "--metrics-address", metrics, "--health-port",
                 str(self.health_ports[role]),
             ]  # fmt: skip
             if role in ("provider", "watch"):
@@ -322,6 +327,18 @@ class Stack:
             return False
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
+    def provider_calls(self) -> Counter[tuple[str, str]]:
+        """cluster-autoscaler's calls to the provider so far, by method and gRPC code, from the provider's /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.provider_metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        calls: Counter[tuple[str, str]] = Counter()
+        for line in text.splitlines():
+            m = CALLS.match(line)
+            if m:
+                labels = dict(LABEL.findall(m.group("labels")))
+                calls[(labels.get("method", "?"), labels.get("code", "?"))] += int(float(m.group("value")))
+        return calls
+
     def autoscaler_status(self) -> str:
         """cluster-autoscaler's status ConfigMap (both drivers write it), or '' when there is none yet."""
         try:
@@ -342,6 +359,11 @@ AUTOSCALER_FLAGS = (
     "--logtostderr", "--write-status-configmap=true",
 )  # fmt: skip
 STANDIN_FLAGS = ("--scan-interval", "5", "--scale-down-unneeded-time", "30", "--backoff", "120")
+
+
+# A counter sample of the provider's calls (the metric's exact name and suffix aside).
+CALLS = re.compile(r"^homelab_provider_calls(?:_total)?\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def _http_ok(port: int, path: str) -> bool:

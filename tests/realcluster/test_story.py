@@ -21,8 +21,8 @@ The steps run in order on one stack (a step that fails leaves the next ones fail
    instead; the second Pod runs on the spare;
 5. the workload goes: both machines are scaled down and powered off, every claim ends, and cluster-autoscaler's
    status ConfigMap agrees with the claims.
-After the story: the RBAC audit (tests/realcluster/audit.py) and the emulator-versus-real diff
-(tests/realcluster/replay.py) print their tables; a 403 fails the run.
+After the story: the driver's calls to the provider, the RBAC audit (tests/realcluster/audit.py) and the
+emulator-versus-real diff (tests/realcluster/replay.py) print their tables; a 403 or a difference fails the run.
 """
 
 from __future__ import annotations
@@ -238,7 +238,21 @@ def test_5_the_workload_goes_and_every_machine_is_powered_off(stack: Stack) -> N
 
 
 # --- what the story measured ------------------------------------------------------------------------------------
-def test_6_rbac_from_deploy_was_enough_and_every_grant_is_accounted_for(stack: Stack) -> None:
+def test_6_the_drivers_calls_to_the_provider(stack: Stack) -> None:
+    """What the driver asked of the provider in the whole story: the stand-in's calls are compared with the real
+    cluster-autoscaler's in docs/realcluster.md."""
+    calls = stack.provider_calls()
+    rows = ["| method | code | calls |", "|---|---|---|"]
+    rows += [f"| {m} | {c} | {n} |" for (m, c), n in sorted(calls.items())]
+    print(f"\n{stack.autoscaler_kind}'s calls to the provider during the story:\n" + "\n".join(rows))
+    for method in ("Refresh", "NodeGroups", "NodeGroupForNode", "NodeGroupIncreaseSize", "NodeGroupDeleteNodes",
+                   "NodeGroupTemplateNodeInfo", "NodeGroupNodes", "NodeGroupTargetSize"):  # fmt: skip
+        assert any(m == method for m, _ in calls), f"the story never called {method}"
+    assert not [k for k in calls if k[1] not in ("OK", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED")], calls
+
+
+# --- ---------------------------------------------------------------------------------
+def test_7_rbac_from_deploy_was_enough_and_every_grant_is_accounted_for(stack: Stack) -> None:
     """RBAC on the real authorizer: the (verb, resource) pairs each identity used, beside what deploy/ grants."""
     events = list(audit.read(stack.cluster.audit_log))
     failures = []
@@ -255,7 +269,7 @@ def test_6_rbac_from_deploy_was_enough_and_every_grant_is_accounted_for(stack: S
     assert not failures, "\n".join(failures)
 
 
-def test_7_the_emulator_answers_the_operators_requests_as_the_real_server_did(stack: Stack) -> None:
+def test_8_the_emulator_answers_the_operators_requests_as_the_real_server_did(stack: Stack) -> None:
     """Every request of the operator during the story, replayed against the strict emulator (replay.py)."""
     events = [e for e in audit.read(stack.cluster.audit_log) if e.user == audit.OPERATOR]
     outcomes = replay.replay_all(events)
