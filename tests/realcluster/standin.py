@@ -2,7 +2,9 @@
 refuses it). It calls the provider as cluster-autoscaler 1.35 does and decides as it does, in the parts the story
 exercises, each written after the real one's code and logs (docs/realcluster.md compares the two runs):
 
-- every loop: Refresh, NodeGroups, NodeGroupForNode for every Node, NodeGroupTargetSize and NodeGroupNodes;
+- every loop: Refresh, NodeGroups, NodeGroupForNode for every Node, and per group NodeGroupGetOptions (its
+  scale-down-unneeded time), NodeGroupTargetSize and NodeGroupNodes (cluster-autoscaler caches the instances for
+  up to 2 minutes; the stand-in reads them every loop);
 - a scale-up request lives while the target is above the group's registered machines (clusterstate's
   `updateScaleRequests`), and is dropped as a success once it is not;
 - an errored instance (`creating` with errorInfo) not seen in the previous loop, while its group's scale-up is in
@@ -11,7 +13,7 @@ exercises, each written after the real one's code and logs (docs/realcluster.md 
 - unschedulable Pods that fit a group's template node (NodeGroupTemplateNodeInfo): IncreaseSize on the group the
   priority expander prefers among those not backed off and below max, by as many machines as the Pods need beyond
   the ones already coming; a refused IncreaseSize backs the group off;
-- a Node of a group with no Pod but DaemonSet and mirror Pods for `--scale-down-unneeded-time`, and no scale-up in
+- a Node of a group with no Pod but DaemonSet and mirror Pods for the group's unneeded time, and no scale-up in
   the last `--scale-down-delay-after-add`: tainted ToBeDeletedByClusterAutoscaler, then DeleteNodes;
 - the status ConfigMap `cluster-autoscaler-status`, in cluster-autoscaler's shape for what the story reads.
 
@@ -153,6 +155,7 @@ def choose(candidates: Sequence[str], priorities: Sequence[str]) -> str | None:
 class GroupView:
     id: str
     max_size: int
+    unneeded_seconds: float = 600.0  # the group's scaleDownUnneededDuration (NodeGroupGetOptions)
     target: int = 0
     instances: list[Any] = field(default_factory=list)
     nodes: list[Any] = field(default_factory=list)  # registered Nodes of the group
@@ -192,6 +195,13 @@ class Standin:
             if gid in self.groups:
                 self.groups[gid].nodes.append(node)
         for g in self.groups.values():
+            # The request carries the command line's defaults; the answer is the group's options over them.
+            defaults = pb.NodeGroupAutoscalingOptions()
+            defaults.scaleDownUnneededDuration.FromSeconds(int(self.unneeded_seconds))
+            opts = self.stub.NodeGroupGetOptions(
+                pb.NodeGroupAutoscalingOptionsRequest(id=g.id, defaults=defaults), timeout=DEADLINE
+            ).nodeGroupAutoscalingOptions
+            g.unneeded_seconds = opts.scaleDownUnneededDuration.ToTimedelta().total_seconds()
             g.target = self.stub.NodeGroupTargetSize(
                 pb.NodeGroupTargetSizeRequest(id=g.id), timeout=DEADLINE
             ).targetSize
@@ -300,7 +310,7 @@ class Standin:
                     self.unneeded_since.pop(name, None)
                     continue
                 since = self.unneeded_since.setdefault(name, now)
-                if now - since < self.unneeded_seconds or now - self.last_scale_up < self.delay_after_add:
+                if now - since < g.unneeded_seconds or now - self.last_scale_up < self.delay_after_add:
                     continue
                 self.taint(name)
                 target = pb.ExternalGrpcNode(name=name, providerID=node.spec.provider_id or "")

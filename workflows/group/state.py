@@ -204,12 +204,13 @@ class GroupState:
         return live + (len(self.listed_failures()) if self.errored_in_target else 0)
 
     def listed_failures(self) -> list[c.ClaimDigest]:
-        """The failed claims listed as errored instances: remembered, on a slot with no live claim, drain or release."""
+        """The failed claims listed as errored instances: remembered, on a slot that exists and has no live claim,
+        drain or release (a deleted slot is no instance: cluster-autoscaler could not delete it)."""
         latest = {f.slot: f for f in self.failures}  # a slot's newest failure is the one listed
         out: list[c.ClaimDigest] = []
         for name, f in sorted(latest.items()):
             slot = self.slots.get(name)
-            if slot is not None and not (slot.live_claim or slot.draining_claim or slot.releasing):
+            if slot is not None and slot.exists and not (slot.live_claim or slot.draining_claim or slot.releasing):
                 out.append(f)
         return out
 
