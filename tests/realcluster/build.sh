@@ -110,7 +110,7 @@ build_cluster_autoscaler() {
   if ! err=$(cd "$m" && timeout 300 go mod download -json \
       "$CLUSTER_AUTOSCALER_MODULE@$CLUSTER_AUTOSCALER_VERSION" 2>&1); then
     # `go mod download -json` puts the refusal in an "Error" field; keep that line (the exact error), else all.
-    line=$(printf '%s\n' "$err" | sed -n 's/^[[:space:]]*"Error": "\(.*\)"$/\1/p' | sed 's/\\n\\t/ /g; s/\\t/ /g')
+    line=$(printf '%s\n' "$err" | sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' | sed 's/\\n\\t/ /g; s/\\t/ /g')
     printf 'the Go module proxy refused it: %s\n' "${line:-$err}" >"$dir/cluster-autoscaler.unavailable"
     return 3
   fi
