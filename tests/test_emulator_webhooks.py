@@ -124,9 +124,11 @@ def register(srv: EmulatorServer, hook: Hook, ca: pki.Authority, **webhook: Any)
     srv.call(lambda e: e.put_object(*VWC, doc))
 
 
-def send(srv: EmulatorServer, method: str, path: str, body: Any = None, *, token: str = "",
+def send(srv: EmulatorServer, method: str, path: str, body: Any = None, *, token: str = "", as_user: str = "",
          content_type: str = "application/json") -> tuple[int, dict[str, Any]]:  # fmt: skip
     headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
+    if as_user:
+        headers["Impersonate-User"] = as_user
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(srv.url + path, method=method, data=data, headers=headers)
     try:
@@ -146,15 +148,17 @@ def merge(srv: EmulatorServer, name: str, body: Any, sub: str = "") -> tuple[int
 
 
 # --- identity -------------------------------------------------------------------------------------------------------
-def test_the_user_is_the_tokens_and_an_unknown_token_is_refused(
+def test_the_user_is_the_tokens_or_the_impersonated_and_an_unknown_token_is_refused(
     srv: EmulatorServer, hook: Hook, ca: pki.Authority
 ) -> None:
     register(srv, hook, ca)
     assert send(srv, "POST", CLAIMS, claim("a"), token="t-person")[0] == 201
     assert send(srv, "POST", CLAIMS, claim("b"))[0] == 201
+    assert send(srv, "POST", CLAIMS, claim("c"), as_user="bob")[0] == 201
     assert [r["userInfo"] for r in hook.reviews] == [
         {"username": "alice", "groups": ["team"]},
         {"username": "system:anonymous", "groups": ["system:unauthenticated"]},
+        {"username": "bob", "groups": ["system:authenticated"]},
     ]
     code, status = send(srv, "GET", CLAIMS, token="nobody-knows-it")
     assert (code, status["reason"]) == (401, "Unauthorized")

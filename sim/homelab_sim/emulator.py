@@ -693,7 +693,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(ApiError(status, reason, str(exc)).body(), status=status)
 
     def _user(self, raw_request: aiohttp.web.BaseRequest) -> UserInfo | None:
-        """Who sends the request: its bearer token's user, anonymous without one, None for a token not known."""
+        """Who sends the request: its bearer token's user, anonymous without one, None for a token not known; a
+        user it impersonates (`kubectl --as`, `Impersonate-User`) instead, as a real server permitting it would."""
+        impersonated = raw_request.headers.get("Impersonate-User", "").strip()
+        if impersonated:
+            groups = tuple(raw_request.headers.getall("Impersonate-Group", ())) or ("system:authenticated",)
+            return UserInfo(impersonated, groups)
         scheme, _, token = raw_request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return ANONYMOUS

@@ -2,8 +2,8 @@
 
 Identity: a request with ``Authorization: Bearer <token>`` is the user the emulator was given for that token
 (``KubeEmulator.users``); an unknown token is refused 401, as by a real server; a request without one is
-``system:anonymous``. Nothing is authorized by it (the emulator has no RBAC): it is what a webhook and its
-``matchConditions`` see as ``request.userInfo``.
+``system:anonymous``; one with ``Impersonate-User`` (``kubectl --as``) is that user. Nothing is authorized by it
+(the emulator has no RBAC): it is what a webhook and its ``matchConditions`` see as ``request.userInfo``.
 
 Webhooks: the ``ValidatingWebhookConfiguration`` objects stored in the emulator, matched and called the way
 ``k8s.io/apiserver/pkg/admission/plugin/webhook`` does it, for a write that arrives over HTTP (the direct helpers
