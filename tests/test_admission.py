@@ -52,7 +52,6 @@ REGISTRATION = ROOT / "deploy" / "components" / "admission" / "webhook.yaml"
 NS = "homelab-autoscaler-system"
 OPERATOR = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
 PERSON = "kubernetes-admin"
-ANONYMOUS = "system:anonymous"
 MERGE = "application/merge-patch+json"
 TOKENS = {"operator-token": UserInfo(OPERATOR), "person-token": UserInfo(PERSON)}
 PHASES: list[str | None] = [None, "", "pending", "booting", "ready", "failed", "completed"]
@@ -325,11 +324,10 @@ def register(server: EmulatorServer, url: str, ca: Path) -> dict[str, Any]:
 
 
 def kubectl(server: EmulatorServer, tmp: Path, *args: str, stdin: str | None = None) -> Any:
-    """kubectl as a person: it sends no credentials to a plain-HTTP server, so the emulator hears system:anonymous
-    (a user who is not the operator, which is what the registration asks)."""
+    """kubectl as a person (`--as`: it sends no token to a plain-HTTP server)."""
     env = {**os.environ, "KUBECONFIG": os.devnull, "HOME": str(tmp)}
-    return subprocess.run([str(KUBECTL), "--server", server.url, *args], input=stdin, capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
+    return subprocess.run([str(KUBECTL), "--server", server.url, "--as", PERSON, *args], input=stdin,
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
 
 
 @needs_kubectl
@@ -348,7 +346,7 @@ def test_kubectl_apply_of_a_second_live_claim_is_refused_as_by_the_real_server(
                        stdin=yaml.safe_dump(claim("by-hand", "worker-2")))  # fmt: skip
         assert done.returncode == 0, done.stderr
     calls = [(c.user, c.operation, c.name, c.outcome) for c in emulator.emulator.webhook_calls]
-    assert calls == [(ANONYMOUS, "CREATE", "by-hand", "denied"), (ANONYMOUS, "CREATE", "by-hand", "allowed")]
+    assert calls == [(PERSON, "CREATE", "by-hand", "denied"), (PERSON, "CREATE", "by-hand", "allowed")]
 
 
 def test_with_the_webhook_down_the_operators_writes_and_deletes_pass_and_a_hand_claim_is_refused(
