@@ -9,9 +9,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import os
 import re
+import shutil
+import tempfile
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from homelab_autoscaler.devserver import DevServer
 from tests.procs import BIN, ROOT, free_port, port_open
 from tests.realcluster.cluster import Cluster, Proc, cluster_autoscaler_binary, wait_until
+from tests.realcluster.conftest import FAILED
 from tests.realcluster.executor import Executor, Machine
 
 NS = "homelab-autoscaler-system"
@@ -35,6 +40,26 @@ DEPLOY = ROOT / "deploy"
 MACHINE_CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 WEBHOOK_REGISTRATION = DEPLOY / "components" / "admission" / "webhook.yaml"
 WEBHOOK = "nodeclaims.infra.homecluster.dev"
+
+
+@contextlib.contextmanager
+def kept(request: Any, prefix: str, make: Callable[[Path], Stack]) -> Iterator[Stack]:
+    """A module's stack in a directory of its own: its logs printed after a failure, the directory removed unless
+    something failed or HOMELAB_E2E_KEEP asks to keep it."""
+    keep = os.environ.get("HOMELAB_E2E_KEEP", "") not in ("", "0")
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    s = make(directory)
+    yield s
+    failed = request.session.stash.get(FAILED, [])
+    if failed:
+        s.dump(80)
+    s.stop()
+    if not keep and not failed:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def phase(claim: dict[str, Any]) -> str:
+    return str((claim.get("status") or {}).get("phase") or "")
 
 
 def hand_claim(name: str, slot: str, namespace: str = NS) -> str:
@@ -180,6 +205,25 @@ class Stack:
             self.cluster.start()
             self.install()
             self.start_services()
+            self.start_operator()
+            self.start_autoscaler()
+        except BaseException:
+            self.dump()
+            self.stop()
+            raise
+        return self
+
+    def start_with_machines_on(self, group: str) -> Stack:
+        """The stack with the machines of `group` already on when the operator starts (an install must never power
+        off a running lab: it adopts them), then the driver. What failed to start is stopped, by PID."""
+        try:
+            self.cluster.start()
+            self.install()
+            self.start_services()
+            for slot in self.homelab.slots_of(group):
+                self.executor.power_on(slot.name)
+            for slot in self.homelab.slots_of(group):
+                wait_until(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name), within=60)
             self.start_operator()
             self.start_autoscaler()
         except BaseException:

@@ -21,21 +21,16 @@ prints is pinned there from what this server printed.
 from __future__ import annotations
 
 import functools
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.realcluster import audit
 from tests.realcluster.cluster import wait_until
-from tests.realcluster.conftest import FAILED
-from tests.realcluster.stack import NS, WEBHOOK, Stack, seed_refusal
+from tests.realcluster.stack import NS, WEBHOOK, Stack, kept, phase, seed_refusal
 from tests.realcluster.stack import hand_claim as claim
 
 pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(600)]
@@ -45,27 +40,11 @@ SCRATCH = "scratch"  # a namespace the operator does not manage: its claims are 
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    keep = os.environ.get("HOMELAB_E2E_KEEP", "") not in ("", "0")
-    directory = Path(tempfile.mkdtemp(prefix="homelab-admission-real-"))
-    s = Stack(directory, driver="none")
-    s.cluster.start()
-    s.install()
-    s.start_services()
-    for slot in s.homelab.slots_of("workers"):  # on at install: adopted, so each has a live claim
-        s.executor.power_on(slot.name)
-    for slot in s.homelab.slots_of("workers"):
-        wait_until(f"{slot.node_name} Ready", functools.partial(s.node_ready, slot.node_name), within=60)
-    s.start_operator()
-    yield s
-    if request.session.stash.get(FAILED, []):
-        s.dump(80)
-    s.stop()
-    if not keep and not request.session.stash.get(FAILED, []):
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def phase(c: dict[str, Any]) -> str:
-    return str((c.get("status") or {}).get("phase") or "")
+    # the workers' machines adopted: each has a live claim
+    with kept(
+        request, "homelab-admission-real-", lambda d: Stack(d, driver="none").start_with_machines_on("workers")
+    ) as s:
+        yield s
 
 
 def live_claim_of(s: Stack, slot: str) -> dict[str, Any]:

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -50,8 +48,17 @@ from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from tests.realcluster import audit, replay
 from tests.realcluster.cluster import wait_until
-from tests.realcluster.conftest import FAILED
-from tests.realcluster.stack import CONTROL_PLANE, DEPLOY, MACHINE_LABEL, NS, Stack, hand_claim, seed_refusal
+from tests.realcluster.stack import (
+    CONTROL_PLANE,
+    DEPLOY,
+    MACHINE_LABEL,
+    NS,
+    Stack,
+    hand_claim,
+    kept,
+    phase,
+    seed_refusal,
+)
 
 ROOT = DEPLOY.parent
 
@@ -64,34 +71,19 @@ MANAGED = "app.kubernetes.io/managed-by=homelab-autoscaler"
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    keep = os.environ.get("HOMELAB_E2E_KEEP", "") not in ("", "0")
-    directory = Path(tempfile.mkdtemp(prefix="homelab-realcluster-"))
     began = time.monotonic()
-    s = Stack(directory, driver=os.environ.get("HOMELAB_E2E_DRIVER", "auto"))
-    s.cluster.start()
-    s.install()
-    s.start_services()
-    # The machines of `workers` are on before the operator starts: an install must never power off a running lab.
-    for slot in s.homelab.slots_of("workers"):
-        s.executor.power_on(slot.name)
-    for slot in s.homelab.slots_of("workers"):
-        wait_until(f"{slot.node_name} Ready", functools.partial(s.node_ready, slot.node_name), within=60)
-    s.start_operator()
-    s.start_autoscaler()
-    print(f"\nreal cluster up in {time.monotonic() - began:.0f} s in {directory}; driven by {s.autoscaler_note}")
-    yield s
-    if request.session.stash.get(FAILED, []):
-        s.dump(80)
-    s.stop()
-    if not keep and not request.session.stash.get(FAILED, []):
-        shutil.rmtree(directory, ignore_errors=True)
+
+    def make(directory: Path) -> Stack:
+        # The machines of `workers` are on before the operator starts: an install must never power off a running lab.
+        s = Stack(directory, driver=os.environ.get("HOMELAB_E2E_DRIVER", "auto")).start_with_machines_on("workers")
+        print(f"\nreal cluster up in {time.monotonic() - began:.0f} s in {directory}; driven by {s.autoscaler_note}")
+        return s
+
+    with kept(request, "homelab-realcluster-", make) as s:
+        yield s
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
-def phase(claim: dict[str, Any]) -> str:
-    return str((claim.get("status") or {}).get("phase") or "")
-
-
 def reason(claim: dict[str, Any]) -> str:
     return str((claim.get("status") or {}).get("reason") or "")
 
