@@ -179,10 +179,12 @@ def claim_order(claim: Mapping[str, Any]) -> tuple[datetime, datetime, str]:
 
 
 def claim_is_live(claim: Mapping[str, Any] | None) -> bool:
-    """A claim resource that wants its slot: no phase yet (read as pending), pending, booting or ready. A phase no
-    release knows is no want (nothing would run it)."""
-    phase = status(claim).get("phase") or None
-    return (phase is None or phase in set(names.ClaimPhase)) and law.is_live(phase)
+    """A claim resource that wants its slot: no phase yet (read as pending), pending, booting or ready. A phase the
+    API does not define is no want (the group leaves such a claim out: nothing runs it)."""
+    try:
+        return law.is_live(status(claim).get("phase") or None)
+    except ValueError:
+        return False
 
 
 def claim_ttl_seconds(claim: Mapping[str, Any] | None) -> int:

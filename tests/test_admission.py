@@ -95,8 +95,9 @@ def test_a_second_live_claim_on_a_busy_slot_is_refused_naming_the_slot_and_the_l
 def test_a_claim_on_a_free_slot_or_beside_terminal_claims_is_allowed() -> None:
     elsewhere = claim("elsewhere", "worker-1", "ready")
     elsewhere["metadata"]["namespace"] = "other"
+    odd = claim("odd", "worker-1", "exploded")  # a phase the API does not define: nothing runs it
     others = [claim("old-1", "worker-1", "failed"), claim("old-2", "worker-1", "completed"),
-              claim("busy", "worker-2", "ready"), elsewhere]  # fmt: skip
+              claim("busy", "worker-2", "ready"), elsewhere, odd]  # fmt: skip
     assert judge(review("CREATE", claim("by-hand", "worker-1")), others).allowed
 
 
