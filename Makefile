@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
 # environment says; Python recompiles in memory any file edited since.
 bytecode:
-	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim bench
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider admission homelab_autoscaler proto sim/homelab_sim bench
 
 lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the layers)
 	$(BIN)/ruff check .

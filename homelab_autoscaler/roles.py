@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 
 from activities import KubeActivities
+from admission.server import ReviewMetrics, Webhook
+from admission.server import serve as serve_webhook
+from admission.settings import WebhookSettings
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.ports import Port, check_free, free_port, split_address
@@ -196,6 +200,17 @@ async def watch(p: Process) -> None:
     await watchers.run(p.stop, renew_every=settings.lease_renew_seconds)
 
 
+async def webhook(p: Process) -> None:
+    """The NodeClaim admission webhook over HTTPS, until stop; idle when no address is given (the default)."""
+    settings = p.settings.section(WebhookSettings)
+    if not settings.enabled:
+        await p.stop.wait()
+        return
+    runtime = p.client.service_client.config.runtime or Runtime.default()
+    hook = Webhook(p.kube, ReviewMetrics(meter=runtime.metric_meter))
+    await serve_webhook(settings, hook, p.stop)
+
+
 @dataclass(frozen=True)
 class Role:
     """A role of the operator: what it runs in a process, and the settings sections it reads besides the
@@ -209,6 +224,8 @@ class Role:
 WORKER = Role("worker", worker, ("queue", "worker"))
 PROVIDER = Role("provider", provider, ("queue", "namespaces", "provider"))
 WATCH = Role("watch", watch, ("queue", "namespaces", "watch"))
+# The two servers the cluster calls go together: cluster-autoscaler calls the provider, the API server the webhook.
+WEBHOOK = Role("webhook", webhook, ("webhook",))
 
 # What every process that runs roles reads: Temporal and the API server, its health and metrics, its logging.
 PROCESS_SECTIONS = ("temporal", "kube", "health", "metrics", "logging")
@@ -230,9 +247,15 @@ class Command:
 # The commands that run roles, each in one process (run is the homelab default: all three on one client). The
 # command line, its settings and docs/configuration.md are built from this table.
 ROLES: dict[str, Command] = {
-    "run": Command("worker + provider + watchers in one process (the homelab default)", (WORKER, PROVIDER, WATCH)),
+    "run": Command(
+        "worker + provider + watchers (+ the admission webhook) in one process (the homelab default)",
+        (WORKER, PROVIDER, WATCH, WEBHOOK),
+    ),
     "worker": Command("the Temporal worker: every workflow and activity on one task queue", (WORKER,)),
-    "provider": Command("the externalgrpc CloudProvider server cluster-autoscaler calls", (PROVIDER,)),
+    "provider": Command(
+        "the externalgrpc CloudProvider server cluster-autoscaler calls (+ the NodeClaim admission webhook)",
+        (PROVIDER, WEBHOOK),
+    ),
     "watch": Command("the watchers (observations become signals) and the slot/group report writer", (WATCH,)),
 }
 
@@ -244,7 +267,7 @@ DEV_SECTIONS = tuple(
 
 
 def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:
-    """The ports a process of these roles listens on: health, metrics, and the provider's."""
+    """The ports a process of these roles listens on: health, metrics, the provider's and the webhook's."""
     health = settings.section(HealthSettings)
     ports = [Port(health.host, health.port, "the health endpoints", "--health-port")]
     metrics = settings.section(MetricsSettings)
@@ -252,6 +275,8 @@ def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:
         ports.append(Port(*at, "the Prometheus /metrics endpoint", "--metrics-address"))
     if PROVIDER in roles and (at := split_address(settings.section(ProviderSettings).address)):
         ports.append(Port(*at, "the provider (cluster-autoscaler's endpoint)", "--provider-address"))
+    if WEBHOOK in roles and (at := split_address(settings.section(WebhookSettings).address)):
+        ports.append(Port(*at, "the NodeClaim admission webhook", "--webhook-address"))
     return ports
 
 

@@ -5,7 +5,7 @@ each field's alias (else its name) is the setting's name: the flag `--<name>`, t
 `HOMELAB_AUTOSCALER_<NAME>` and the config file's key `<name>`, one meaning each across every command. A
 command fills only the sections its roles read (`homelab_autoscaler.roles.ROLES`), so `claims list` offers no
 worker setting and a role cannot read a setting its command never took. Owners keep their own section
-(`kube/settings.py`, `provider/settings.py`, `watchers/settings.py`); the rest are here.
+(`kube/settings.py`, `provider/settings.py`, `watchers/settings.py`, `admission/settings.py`); the rest are here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Self, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from admission.settings import WebhookSettings
 from api.addresses import (
     check_connect_address,
     check_dns_label,
@@ -197,6 +198,7 @@ class Settings(BaseModel):
     namespaces: NamespaceSettings | None = Field(None, title="Namespaces")
     worker: WorkerSettings | None = Field(None, title="Worker")
     provider: ProviderSettings | None = Field(None, title="Provider (cluster-autoscaler's externalgrpc server)")
+    webhook: WebhookSettings | None = Field(None, title="Admission webhook (the API server's check of NodeClaims)")
     watch: WatchSettings | None = Field(None, title="Watchers")
     dev: DevSettings | None = Field(None, title="Development server")
     health: HealthSettings | None = Field(None, title="Health endpoints")

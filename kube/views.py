@@ -168,6 +168,25 @@ def claim_problem(claim: Mapping[str, Any] | None) -> str:
     return pruned_field(claim, NodeClaimSpec)
 
 
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def claim_order(claim: Mapping[str, Any]) -> tuple[datetime, datetime, str]:
+    """Newest last: by spec.requestedAt, then creationTimestamp, then name (the one-live-claim rule's order)."""
+    requested = time_of(spec(claim).get("requestedAt")) or _EPOCH
+    created = time_of(meta(claim).get("creationTimestamp")) or _EPOCH
+    return (requested, created, str(meta(claim).get("name") or ""))
+
+
+def claim_is_live(claim: Mapping[str, Any] | None) -> bool:
+    """A claim resource that wants its slot: no phase yet (read as pending), pending, booting or ready. A phase the
+    API does not define is no want (the group leaves such a claim out: nothing runs it)."""
+    try:
+        return law.is_live(status(claim).get("phase") or None)
+    except ValueError:
+        return False
+
+
 def claim_ttl_seconds(claim: Mapping[str, Any] | None) -> int:
     value = spec(claim).get("ttlSecondsAfterFinished")
     return value if isinstance(value, int) and value >= 0 else names.CLAIM_TTL_SECONDS_AFTER_FINISHED

@@ -322,6 +322,9 @@ BAD_VALUES: dict[str, str] = {
     "pricing_window_seconds": "0",
     "rpc_timeout_seconds": "60",
     "catalog_ttl_seconds": "-1",
+    "webhook_address": "nonsense",
+    "webhook_tls_cert": "/nonexistent/webhook.pem",
+    "webhook_tls_key": "/nonexistent/webhook.key",
     "lease_namespace": "Not_A_Namespace",
     "lease_name": "Not_A_Name",
     "lease_duration_seconds": "0",
@@ -378,6 +381,22 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]
             monkeypatch.delenv(key)
     monkeypatch.setenv("HOME", str(tmp_path))
     return started
+
+
+@pytest.mark.parametrize("command", ["run", "provider", "dev"])
+def test_a_webhook_without_its_certificate_stops_in_one_line(
+    command: str, nothing_starts: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An API server calls a webhook over HTTPS only: an address alone, or a certificate without its key, is a
+    mistake of the settings, found before anything starts."""
+    assert main([command, "--webhook-address", "127.0.0.1:9443"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "webhook_address needs webhook_tls_cert and webhook_tls_key" in err, err
+    cert = tmp_path / "tls.crt"
+    cert.write_text("not checked before the key is given")
+    assert main([command, "--webhook-tls-cert", str(cert)]) == 2
+    assert "webhook_tls_cert and webhook_tls_key go together" in capsys.readouterr().err
+    assert not nothing_starts
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,12 @@ table columns of the built-in kinds (``emulator_tables``), each row with the obj
 ``--sort-by`` works). A created Job gets the selector, template labels and defaults the Job strategy gives it
 (``emulator_strategy``); ``pods/log`` serves what a simulated kubelet wrote to ``logs`` (``emulator_logs``).
 
+Validating admission webhooks are called as kube-apiserver calls them, for writes that arrive over HTTP, and a
+request's bearer token names its user (``emulator_webhooks``); nothing is authorized by it.
+
 Not implemented (tests must not rely on these): server-side apply (``application/apply-patch+yaml``
-→ 415), admission, RBAC/authn, built-in defaulting (``SetDefaults_*``) but a Job's, consistent snapshots for continued
-list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
+→ 415), mutating admission, RBAC, built-in defaulting (``SetDefaults_*``) but a Job's, consistent snapshots for
+continued list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
 existence checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
 watch as Table, and field selectors are accepted for any dotted path (a real server allows a per-kind
 list). Strategic merge patch is the approximation documented in ``emulator_patch``. kmock's reaction DSL
@@ -45,7 +48,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -75,6 +78,15 @@ from homelab_sim.emulator_select import SelectorError, parse_field_selector, par
 from homelab_sim.emulator_strategy import DEFAULT_STORED, PREPARE_FOR_CREATE
 from homelab_sim.emulator_strict import Admission, strict_by_default
 from homelab_sim.emulator_tables import INCLUDE_OBJECT, TABLES, crd_columns, table
+from homelab_sim.emulator_webhooks import (
+    ANONYMOUS,
+    WEBHOOK_CONFIGURATIONS,
+    Attributes,
+    UserInfo,
+    WebhookCall,
+    call_webhooks,
+    matching,
+)
 
 __all__ = [
     "CRD_GROUP",
@@ -88,7 +100,9 @@ __all__ = [
     "RequestInfo",
     "ResourceSpec",
     "StrictRecord",
+    "UserInfo",
     "WatchEvent",
+    "WebhookCall",
     "format_time",
 ]
 
@@ -135,6 +149,7 @@ class RequestInfo:
     params: Mapping[str, str] = field(default_factory=dict, hash=False)
     body: Any = field(default=None, hash=False, compare=False, repr=False)
     content_type: str = ""
+    user: UserInfo = field(default=ANONYMOUS, hash=False, compare=False)
 
     @property
     def action(self) -> str:
@@ -217,9 +232,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         clock: Callable[[], datetime.datetime] = _utc_now,
         event_log_size: int = 1000,
         strict: bool | None = None,
+        users: Mapping[str, UserInfo] | None = None,
     ) -> None:
         super().__init__()
         self.clock = clock
+        self.users: dict[str, UserInfo] = dict(users or {})  # bearer token → who sends it
+        self.webhook_calls: deque[WebhookCall] = deque(maxlen=10000)
         self.strict = strict_by_default() if strict is None else strict
         self.admission = Admission()
         self.strict_log: list[StrictRecord] = []
@@ -231,7 +249,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.requests: list[RequestInfo] = []
         self.listeners: list[Listener] = []
         self.compacted_below: int = 0
-        self.control: dict[str, Callable[[Obj | None], Obj]] = {}  # `/_sim/<name>`: the simulator's own surface
+        self.control: dict[str, Callable[[Obj | None], Obj]] = {  # `/_sim/<name>`: the simulator's own surface
+            "webhook-calls": lambda _: {"calls": [c.as_json() for c in self.webhook_calls]},
+        }
         self.logs = ContainerLogs()  # containers' output, written by whoever plays their kubelet
         self._watch_epoch = 0
         self._rv = 0
@@ -650,6 +670,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
         if raw_request.path.startswith(CONTROL_PREFIX):  # the simulator's own surface: no faults, not logged
             return self._control(raw_request.path.removeprefix(CONTROL_PREFIX), body_bytes)
+        user = self._user(raw_request)
+        if user is None:  # a real server refuses a token it cannot authenticate, whatever the request
+            return aiohttp.web.json_response(ApiError(401, "Unauthorized", "Unauthorized").body(), status=401)
+        info = replace(info, user=user)
         self.requests.append(info)
         if parsed is None:
             discovery = self._discovery(raw_request.path.rstrip("/") or "/")
@@ -667,6 +691,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         except (PatchError, SelectorError) as exc:
             status, reason = (exc.status, exc.reason) if isinstance(exc, PatchError) else (400, "BadRequest")
             return aiohttp.web.json_response(ApiError(status, reason, str(exc)).body(), status=status)
+
+    def _user(self, raw_request: aiohttp.web.BaseRequest) -> UserInfo | None:
+        """Who sends the request: its bearer token's user, anonymous without one, None for a token not known; a
+        user it impersonates (`kubectl --as`, `Impersonate-User`) instead, as a real server permitting it would."""
+        impersonated = raw_request.headers.get("Impersonate-User", "").strip()
+        if impersonated:
+            groups = tuple(raw_request.headers.getall("Impersonate-Group", ())) or ("system:authenticated",)
+            return UserInfo(impersonated, groups)
+        scheme, _, token = raw_request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return ANONYMOUS
+        return self.users.get(token.strip())
 
     def _control(self, name: str, body: bytes) -> aiohttp.web.StreamResponse:
         handler = self.control.get(name)
@@ -801,31 +837,21 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 raise ApiError(404, "NotFound", f"unknown subresource {info.subresource}")
             return self._respond(raw_request, spec, copy.deepcopy(self._require(spec, key_)), table=True)
         if info.verb == "create":
+            if self._webhook_configurations():
+                info = await self._webhooks_on_create(spec, info, dry_run)
+                self._warnings = []  # the judged dry run's; another request may have run meanwhile
             return self._respond(raw_request, spec, self._create(spec, info, dry_run), status=201)
         if info.verb in ("patch", "update"):
+            if self._webhook_configurations():
+                await self._webhooks_on_update(spec, key_, info, dry_run)
+                self._warnings = []
             old = self._require(spec, key_)
-            new = self._proposed(spec, info, old)
-            sent_rv = _meta(new).get("resourceVersion") if isinstance(new, dict) else None
-            if sent_rv not in (None, "") and str(sent_rv) != _meta(old).get("resourceVersion"):
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {spec.plural} "{info.name}": the object has been'
-                    " modified; please apply your changes to the latest version and try again",
-                    {"name": info.name, "group": spec.group, "kind": spec.plural},
-                )
-            written = self._write(
-                spec,
-                key_,
-                old,
-                new,
-                info.subresource,
-                verb=info.verb,
-                field_validation=info.params.get("fieldValidation"),
-                dry_run=dry_run,
-            )
+            written = self._update(spec, key_, info, old, dry_run=dry_run)
             return self._respond(raw_request, spec, written)
         if info.verb == "delete":
+            if self._webhook_configurations():
+                old = self._read(spec, self._require(spec, key_))
+                await self._webhooks(spec, info, "DELETE", None, old, dry_run=dry_run)
             return self._respond(raw_request, spec, self._serve_delete_one(spec, key_, info, dry_run))
         if info.verb == "deletecollection":
             items = self._list(spec, info)["items"]
@@ -835,6 +861,70 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         self._delete(spec, (_meta(item).get("namespace"), _meta(item)["name"]))
             return self._respond(raw_request, spec, self._list_body(spec, items))
         raise ApiError(405, "MethodNotAllowed", f"{info.method} is not supported here")
+
+    def _update(self, spec: ResourceSpec, key_: ObjKey, info: RequestInfo, old: Obj, *, dry_run: bool) -> Obj:
+        """A patch or an update of ``old``: the client's resourceVersion checked, then written (or only judged)."""
+        new = self._proposed(spec, info, old)
+        sent_rv = _meta(new).get("resourceVersion") if isinstance(new, dict) else None
+        if sent_rv not in (None, "") and str(sent_rv) != _meta(old).get("resourceVersion"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {spec.plural} "{info.name}": the object has been'
+                " modified; please apply your changes to the latest version and try again",
+                {"name": info.name, "group": spec.group, "kind": spec.plural},
+            )
+        return self._write(
+            spec,
+            key_,
+            old,
+            new,
+            info.subresource,
+            verb=info.verb,
+            field_validation=info.params.get("fieldValidation"),
+            dry_run=dry_run,
+        )
+
+    # --- validating admission webhooks (``emulator_webhooks``): the only awaits of a write ---------------------
+    def _webhook_configurations(self) -> list[Obj]:
+        return list(self.store.get(WEBHOOK_CONFIGURATIONS, {}).values())
+
+    async def _webhooks(
+        self, spec: ResourceSpec, info: RequestInfo, operation: str, obj: Obj | None, old: Obj | None, *, dry_run: bool
+    ) -> None:
+        """Call the webhooks that take this write (raise the refusal), as the server does once the object is built."""
+        name = str(info.name or _meta(obj or {}).get("name") or "")
+        options = {"kind": f"{operation.capitalize()}Options", "apiVersion": "meta.k8s.io/v1"}
+        if info.params.get("fieldValidation"):
+            options["fieldValidation"] = info.params["fieldValidation"]
+        attrs = Attributes(spec, info.subresource, operation, info.namespace, name, obj, old, info.user, dry_run,
+                           options)  # fmt: skip
+        namespace = self.store.get(("", "v1", "namespaces"), {}).get((None, info.namespace or ""))
+        hooks = matching(self._webhook_configurations(), attrs, namespace)
+        if hooks:
+            await call_webhooks(hooks, attrs, self.webhook_calls)
+
+    async def _webhooks_on_create(self, spec: ResourceSpec, info: RequestInfo, dry_run: bool) -> RequestInfo:
+        """Judge a create by the webhooks on the object it would store; the request to create, with the name the
+        judged object got (a generated name is given once, before admission)."""
+        proposed = self._create(spec, info, dry_run=True)
+        await self._webhooks(spec, info, "CREATE", proposed, None, dry_run=dry_run)
+        if isinstance(info.body, dict) and not _meta(info.body).get("name"):
+            body = copy.deepcopy(info.body)
+            body.setdefault("metadata", {})["name"] = _meta(proposed)["name"]
+            info = replace(info, body=body)
+        return info
+
+    async def _webhooks_on_update(self, spec: ResourceSpec, key_: ObjKey, info: RequestInfo, dry_run: bool) -> None:
+        """Judge a patch or an update by the webhooks; again when the object changed while they answered (the
+        server's GuaranteedUpdate runs admission inside its retry). On return the stored object is the judged one."""
+        for _ in range(5):
+            old = self._require(spec, key_)
+            proposed = self._update(spec, key_, info, old, dry_run=True)
+            await self._webhooks(spec, info, "UPDATE", proposed, self._read(spec, old), dry_run=dry_run)
+            if self.store[spec.key].get(key_) is old:
+                return
+        raise ApiError(409, "Conflict", f'{spec.plural} "{info.name}" kept changing while the webhooks answered')
 
     def _respond(
         self,
@@ -1272,9 +1362,11 @@ class EmulatorServer:
         resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
         event_log_size: int = 1000,
         strict: bool | None = None,
+        users: Mapping[str, UserInfo] | None = None,
     ) -> None:
         self._port = port
         self._strict = strict
+        self._users = dict(users or {})
         self._host = host
         self._clock = clock
         self._resources = tuple(resources)
@@ -1318,7 +1410,11 @@ class EmulatorServer:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         emulator = KubeEmulator(
-            resources=self._resources, clock=self._clock, event_log_size=self._event_log_size, strict=self._strict
+            resources=self._resources,
+            clock=self._clock,
+            event_log_size=self._event_log_size,
+            strict=self._strict,
+            users=self._users,
         )
         async with emulator, kmock.Server(emulator, host=self._host, port=self._port or None) as server:
             self._emulator = emulator

@@ -108,4 +108,12 @@ DEFAULT_RESOURCES: tuple[ResourceSpec, ...] = (
     ResourceSpec("batch", "v1", "jobs", "Job", namespaced=True, status_subresource=True, strip_status_on_create=True),
     ResourceSpec("events.k8s.io", "v1", "events", "Event", namespaced=True, short_names=("ev",)),
     ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    # Validating admission webhooks (emulator_webhooks): the emulator calls the ones stored here.
+    ResourceSpec(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        namespaced=False,
+    ),
 )

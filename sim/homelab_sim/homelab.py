@@ -34,7 +34,7 @@ import contextlib
 import datetime
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
@@ -43,7 +43,7 @@ from typing import Any, Literal, TypeVar
 from api import names
 from api.names import JobType
 from api.v2alpha1 import GroupSpec, NodeSpec
-from homelab_sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, format_time
+from homelab_sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, UserInfo, format_time
 from homelab_sim.homelab_spec import (
     FAULT_NAMES,
     Faults,
@@ -766,12 +766,13 @@ class HomelabServer:
         seed: bool = True,
         clock: Callable[[], datetime.datetime] | None = None,
         strict: bool | None = None,
+        users: Mapping[str, UserInfo] | None = None,
     ) -> None:
         self.spec = spec
         self.server = (
-            EmulatorServer(port, host, strict=strict)
+            EmulatorServer(port, host, strict=strict, users=users)
             if clock is None
-            else EmulatorServer(port, host, clock=clock, strict=strict)
+            else EmulatorServer(port, host, clock=clock, strict=strict, users=users)
         )
         self._time_scale = time_scale
         self._seed = seed

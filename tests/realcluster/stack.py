@@ -6,11 +6,16 @@ project's stand-in, tests/realcluster/standin.py) calling the provider over gRPC
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import os
 import re
+import shutil
+import tempfile
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +25,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from homelab_autoscaler.devserver import DevServer
-from tests.procs import BIN, ROOT, free_port
+from tests.procs import BIN, ROOT, free_port, port_open
 from tests.realcluster.cluster import Cluster, Proc, cluster_autoscaler_binary, wait_until
+from tests.realcluster.conftest import FAILED
 from tests.realcluster.executor import Executor, Machine
 
 NS = "homelab-autoscaler-system"
@@ -32,6 +38,59 @@ MACHINE_LABEL = "homelab.dev/machine"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 DEPLOY = ROOT / "deploy"
 MACHINE_CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+WEBHOOK_REGISTRATION = DEPLOY / "components" / "admission" / "webhook.yaml"
+WEBHOOK = "nodeclaims.infra.homecluster.dev"
+
+
+@contextlib.contextmanager
+def kept(request: Any, prefix: str, make: Callable[[Path], Stack]) -> Iterator[Stack]:
+    """A module's stack in a directory of its own: its logs printed after a failure, the directory removed unless
+    something failed or HOMELAB_E2E_KEEP asks to keep it."""
+    keep = os.environ.get("HOMELAB_E2E_KEEP", "") not in ("", "0")
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    s = make(directory)
+    yield s
+    failed = request.session.stash.get(FAILED, [])
+    if failed:
+        s.dump(80)
+    s.stop()
+    if not keep and not failed:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def phase(claim: dict[str, Any]) -> str:
+    return str((claim.get("status") or {}).get("phase") or "")
+
+
+def hand_claim(name: str, slot: str, namespace: str = NS) -> str:
+    """A NodeClaim as a person writes it for `kubectl apply`."""
+    return yaml.safe_dump({
+        "apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+        "metadata": {"name": name, "namespace": namespace}, "spec": {"node": slot, "group": "workers"},
+    })  # fmt: skip
+
+
+def seed_refusal(name: str, slot: str, live: str, phase: str) -> str:
+    """The seed's refusal of a second live claim, as the API server passes it on: the slot and its live claim
+    named, and how the slot becomes free (spelt out here, not taken from admission/review.py)."""
+    return (
+        f'admission webhook "{WEBHOOK}" denied the request: nodeclaim "{name}" would be a second live claim on slot '
+        f'"{slot}": "{live}" is live there ({phase}). One live claim per slot: wait until it ends, or delete it (a '
+        "booting or ready claim powers its machine off first)"
+    )
+
+
+def webhook_registration(url_base: str, ca: Path) -> dict[str, Any]:
+    """deploy/'s ValidatingWebhookConfiguration as the harness registers it: the Service reference becomes a URL on
+    loopback (no kube-proxy routes a Service here) and the caBundle is the harness CA's (what cert-manager's CA
+    injector puts there in a cluster). Everything else (rules, matchConditions, failure policy) is deploy/'s."""
+    (doc,) = [d for d in yaml.safe_load_all(WEBHOOK_REGISTRATION.read_text())
+              if d and d["kind"] == "ValidatingWebhookConfiguration"]  # fmt: skip
+    doc["metadata"].pop("annotations", None)
+    for hook in doc["webhooks"]:
+        path = hook["clientConfig"]["service"].get("path", "")
+        hook["clientConfig"] = {"url": url_base + path, "caBundle": base64.b64encode(ca.read_bytes()).decode()}
+    return dict(doc)
 
 
 @dataclass(frozen=True)
@@ -122,6 +181,7 @@ class Stack:
     dir: Path
     homelab: Homelab = STORY_HOMELAB
     driver: str = "auto"  # "ca": the real cluster-autoscaler, "standin": ours, "none", "auto": the real one if any
+    admission: bool = True  # deploy/components/admission's webhook registered and served by the provider process
     cluster: Cluster = field(init=False)
     temporal: DevServer = field(init=False)
     executor: Executor = field(init=False)
@@ -133,6 +193,7 @@ class Stack:
     health_ports: dict[str, int] = field(default_factory=dict)
     ca_metrics_port: int = field(default_factory=free_port)
     provider_metrics_port: int = field(default_factory=free_port)
+    webhook_port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +205,25 @@ class Stack:
             self.cluster.start()
             self.install()
             self.start_services()
+            self.start_operator()
+            self.start_autoscaler()
+        except BaseException:
+            self.dump()
+            self.stop()
+            raise
+        return self
+
+    def start_with_machines_on(self, group: str) -> Stack:
+        """The stack with the machines of `group` already on when the operator starts (an install must never power
+        off a running lab: it adopts them), then the driver. What failed to start is stopped, by PID."""
+        try:
+            self.cluster.start()
+            self.install()
+            self.start_services()
+            for slot in self.homelab.slots_of(group):
+                self.executor.power_on(slot.name)
+            for slot in self.homelab.slots_of(group):
+                wait_until(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name), within=60)
             self.start_operator()
             self.start_autoscaler()
         except BaseException:
@@ -203,6 +283,8 @@ class Stack:
         self.apply(homelab_objects(self.homelab))
         if self.homelab.priorities:
             self._priority_expander()
+        if self.admission:  # as a user applies it: registered before the webhook is up
+            self.apply([webhook_registration(f"https://127.0.0.1:{self.webhook_port}", self.cluster.pki.cert)])
 
     def apply(self, docs: list[dict[str, Any]]) -> None:
         self.cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(docs))
@@ -261,14 +343,34 @@ class Stack:
             if role in ("provider", "watch"):
                 args += ["--namespaces", NS]
             if role == "provider":
-                args += ["--provider-address", f"127.0.0.1:{self.provider_port}"]
+                args += ["--provider-address", f"127.0.0.1:{self.provider_port}", *self._webhook_args()]
             if role == "watch":
                 args += ["--lease-namespace", NS]
             self.roles[role] = Proc(role, args, self.dir / f"operator-{role}.log",
                                     env={"HOMELAB_AUTOSCALER_LOG_LEVEL": "INFO"}).start()  # fmt: skip
-        for role, port in self.health_ports.items():
-            wait_until(f"the operator's {role} to answer /readyz", functools.partial(_http_ok, port, "/readyz"),
-                       within=90, procs=[self.roles[role]])  # fmt: skip
+        for role in list(self.health_ports):
+            self.wait_ready(role)
+
+    def wait_ready(self, role: str) -> None:
+        wait_until(f"the operator's {role} to answer /readyz",
+                   functools.partial(_http_ok, self.health_ports[role], "/readyz"), within=90,
+                   procs=[self.roles[role]])  # fmt: skip
+        if role == "provider" and self.admission:
+            wait_until("the admission webhook to listen", functools.partial(port_open, self.webhook_port),
+                       within=30, procs=[self.roles[role]])  # fmt: skip
+
+    def _webhook_args(self) -> list[str]:
+        """The webhook on loopback with a serving certificate of the harness CA (cert-manager's, in a cluster)."""
+        if not self.admission:
+            return []
+        pair = self.cluster.pki.issue("webhook", "homelab-autoscaler-webhook", server=True, ips=("127.0.0.1",))
+        return ["--webhook-address", f"127.0.0.1:{self.webhook_port}", "--webhook-tls-cert", str(pair.cert),
+                "--webhook-tls-key", str(pair.key)]  # fmt: skip
+
+    def restart_role(self, role: str) -> None:
+        """A role's process started again with the arguments it had (a pod restarted by its Deployment)."""
+        self.roles[role].start()
+        self.wait_ready(role)
 
     # --- cluster-autoscaler -------------------------------------------------------------------------------------
     def start_autoscaler(self) -> None:
@@ -327,10 +429,17 @@ class Stack:
             return False
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
+    def provider_metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.provider_metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def admission_reviews(self) -> Counter[str]:
+        """The webhook's answers so far (allowed, refused, unjudged), from the provider's /metrics."""
+        return admission_reviews(self.provider_metrics())
+
     def provider_calls(self) -> Counter[tuple[str, str]]:
         """cluster-autoscaler's calls to the provider so far, by method and gRPC code, from the provider's /metrics."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.provider_metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
+        text = self.provider_metrics()
         calls: Counter[tuple[str, str]] = Counter()
         for line in text.splitlines():
             m = CALLS.match(line)
@@ -364,6 +473,19 @@ STANDIN_FLAGS = ("--scan-interval", "5", "--scale-down-unneeded-time", "30", "--
 # A counter sample of the provider's calls (the metric's exact name and suffix aside).
 CALLS = re.compile(r"^homelab_provider_calls(?:_total)?\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def admission_reviews(text: str) -> Counter[str]:
+    """The webhook's answers by decision, from the provider's /metrics text."""
+    found: Counter[str] = Counter()
+    for line in text.splitlines():
+        m = REVIEWS.match(line)
+        if m:
+            found[dict(LABEL.findall(m.group("labels"))).get("decision", "?")] += int(float(m.group("value")))
+    return found
+
+
+REVIEWS = re.compile(r"^homelab_admission_reviews(?:_total)?\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$")
 
 
 def _http_ok(port: int, path: str) -> bool:

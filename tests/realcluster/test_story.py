@@ -21,17 +21,20 @@ The steps run in order on one stack (a step that fails leaves the next ones fail
    instead; the second Pod runs on the spare;
 5. the workload goes: both machines are scaled down and powered off, every claim ends, and cluster-autoscaler's
    status ConfigMap agrees with the claims.
-After the story: the driver's calls to the provider, the RBAC audit (tests/realcluster/audit.py) and the
-emulator-versus-real diff (tests/realcluster/replay.py) print their tables; a 403 or a difference fails the run.
+The admission webhook of deploy/components/admission is registered throughout (failurePolicy Fail): in step 3 a
+person's second live claim on the busy slot is refused as applied, and after the story its answers show that
+nothing else was sent to it.
+After the story: the driver's calls to the provider, the RBAC audit (tests/realcluster/audit.py), the
+emulator-versus-real diff (tests/realcluster/replay.py) and the webhook's answers print their tables; a 403 or a
+difference fails the run.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,8 +49,17 @@ from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from tests.realcluster import audit, replay
 from tests.realcluster.cluster import wait_until
-from tests.realcluster.conftest import FAILED
-from tests.realcluster.stack import CONTROL_PLANE, DEPLOY, MACHINE_LABEL, NS, Stack
+from tests.realcluster.stack import (
+    CONTROL_PLANE,
+    DEPLOY,
+    MACHINE_LABEL,
+    NS,
+    Stack,
+    hand_claim,
+    kept,
+    phase,
+    seed_refusal,
+)
 
 ROOT = DEPLOY.parent
 
@@ -60,34 +72,19 @@ MANAGED = "app.kubernetes.io/managed-by=homelab-autoscaler"
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    keep = os.environ.get("HOMELAB_E2E_KEEP", "") not in ("", "0")
-    directory = Path(tempfile.mkdtemp(prefix="homelab-realcluster-"))
     began = time.monotonic()
-    s = Stack(directory, driver=os.environ.get("HOMELAB_E2E_DRIVER", "auto"))
-    s.cluster.start()
-    s.install()
-    s.start_services()
-    # The machines of `workers` are on before the operator starts: an install must never power off a running lab.
-    for slot in s.homelab.slots_of("workers"):
-        s.executor.power_on(slot.name)
-    for slot in s.homelab.slots_of("workers"):
-        wait_until(f"{slot.node_name} Ready", functools.partial(s.node_ready, slot.node_name), within=60)
-    s.start_operator()
-    s.start_autoscaler()
-    print(f"\nreal cluster up in {time.monotonic() - began:.0f} s in {directory}; driven by {s.autoscaler_note}")
-    yield s
-    if request.session.stash.get(FAILED, []):
-        s.dump(80)
-    s.stop()
-    if not keep and not request.session.stash.get(FAILED, []):
-        shutil.rmtree(directory, ignore_errors=True)
+
+    def make(directory: Path) -> Stack:
+        # The machines of `workers` are on before the operator starts: an install must never power off a running lab.
+        s = Stack(directory, driver=os.environ.get("HOMELAB_E2E_DRIVER", "auto")).start_with_machines_on("workers")
+        print(f"\nreal cluster up in {time.monotonic() - began:.0f} s in {directory}; driven by {s.autoscaler_note}")
+        return s
+
+    with kept(request, "homelab-realcluster-", make) as s:
+        yield s
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
-def phase(claim: dict[str, Any]) -> str:
-    return str((claim.get("status") or {}).get("phase") or "")
-
-
 def reason(claim: dict[str, Any]) -> str:
     return str((claim.get("status") or {}).get("reason") or "")
 
@@ -218,6 +215,17 @@ def test_3_a_pending_workload_scales_a_group_up_from_zero(stack: Stack) -> None:
                            for p in workload_pods(s)), within=120)  # fmt: skip
     startups = [r for r in s.executor.records if r.operation == "startup"]
     assert len(startups) == 1 and startups[0].outcome == "succeeded", startups
+    # The admission belt (deploy/components/admission): a person's second live claim on that machine's slot is
+    # refused as it is applied, naming the slot and its claim; one on a free slot passes (a dry run: not stored).
+    (owner,) = [c for c in live(s) if c["spec"]["group"] == "workers"]
+    slot, name = owner["spec"]["node"], owner["metadata"]["name"]
+    done = s.cluster.kubectl("apply", "-f", "-", input=hand_claim("by-hand", slot), check=False)
+    assert done.returncode == 1, done.stdout
+    assert done.stderr == (
+        f'Error from server (Forbidden): error when creating "STDIN": {seed_refusal("by-hand", slot, name, "ready")}\n'
+    )
+    free = s.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=hand_claim("by-hand", "spare-1"))
+    assert "created (server dry run)" in free.stdout
 
 
 def test_4_a_machine_that_never_boots_backs_its_group_off_and_another_group_serves(stack: Stack) -> None:
@@ -294,3 +302,17 @@ def test_8_the_emulator_answers_the_operators_requests_as_the_real_server_did(st
     print(f"\nthe operator's {len(outcomes)} requests, replayed against the strict emulator:\n{table}")
     print(f"{len(differences)} distinct differences" + "".join(f"\n- {d}" for d in differences))
     assert differences == [], "the emulator answers differently from the real server (docs/realcluster.md)"
+
+
+def test_9_the_admission_webhook_was_sent_only_the_hand_written_claims(stack: Stack) -> None:
+    """The operator's every NodeClaim write passed through with the webhook registered (failurePolicy Fail): its
+    user is never sent, so the webhook answered the person's two claims of step 3 and nothing else."""
+    reviews = stack.admission_reviews()
+    writes = [e for e in audit.read(stack.cluster.audit_log) if e.user == audit.OPERATOR
+              and e.resource.startswith("nodeclaims") and e.verb in ("create", "patch", "delete")]  # fmt: skip
+    codes = Counter(e.code for e in writes)
+    print(f"\nthe admission webhook's answers during the story: {dict(sorted(reviews.items()))}; the operator's "
+          f"{len(writes)} NodeClaim writes answered {dict(sorted(codes.items()))}")  # fmt: skip
+    assert reviews == {"refused": 1, "allowed": 1}, reviews
+    # a compare-and-set may meet 409 (a newer write landed); admission's refusal is 403, a failed call 500
+    assert writes and not [e for e in writes if e.code == 403 or e.reason == "InternalError"], codes
