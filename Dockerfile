@@ -17,6 +17,7 @@ COPY workflows/ workflows/
 COPY activities/ activities/
 COPY watchers/ watchers/
 COPY provider/ provider/
+COPY admission/ admission/
 COPY proto/ proto/
 COPY kube/ kube/
 COPY domain/ domain/
@@ -39,7 +40,8 @@ RUN groupadd --gid 65532 nonroot \
  && mkdir -p /data && chown 65532:65532 /data
 USER 65532:65532
 WORKDIR /home/nonroot
-# 8086 externalgrpc provider, 8081 /healthz /readyz, 7233 and 8233 the dev server's frontend and Web UI.
-EXPOSE 8086 8081 7233 8233
+# 8086 externalgrpc provider, 9443 the NodeClaim admission webhook, 8081 /healthz /readyz, 7233 and 8233 the dev
+# server's frontend and Web UI.
+EXPOSE 8086 9443 8081 7233 8233
 ENTRYPOINT ["homelab-autoscaler"]
 CMD ["run"]

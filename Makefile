@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e soak chaos bench bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e e2e-real cluster-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
 # environment says; Python recompiles in memory any file edited since.
 bytecode:
-	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider homelab_autoscaler proto sim/homelab_sim bench
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider admission homelab_autoscaler proto sim/homelab_sim bench
 
 lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the layers)
 	$(BIN)/ruff check .
@@ -90,6 +90,17 @@ bench: $(STAMP) ## the four performance figures beside same-run floors (docs/per
 # kind end-to-end (docker engine, kind, kubectl; ~20 min): adoption, scale-down, scale-up from zero, power-off.
 e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 	$(BIN)/pytest -m e2e tests/e2e -v -rs --timeout 3600
+
+# The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~10 min cold, seconds when cached
+# in ~/.cache/homelab-autoscaler/cluster-bins/<versions>): kube-apiserver, controller-manager, scheduler, kubectl,
+# etcd and KWOK. tests/realcluster/versions.env holds the versions.
+cluster-bins: ## build (or reuse) the real control plane's binaries from the Go module proxy
+	tests/realcluster/build.sh
+
+# The story on that control plane, driven by cluster-autoscaler (the real one when one can be had, else the
+# project's stand-in: the run's first line says which), with the RBAC audit and the emulator-versus-real diff.
+e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~10 min)
+	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo
 	$(BIN)/homelab-autoscaler dev --simulate --demo

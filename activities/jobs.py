@@ -19,6 +19,7 @@ ENV_SLOT = "HOMELAB_SLOT"
 ENV_NODE_NAME = "HOMELAB_NODE_NAME"
 ENV_OPERATION = "HOMELAB_OPERATION"
 RESERVED_ENV = frozenset({ENV_SLOT, ENV_NODE_NAME, ENV_OPERATION})
+DEFAULT_TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
 
 
 def pod_spec_field(job_type: JobType | str) -> str:
@@ -110,7 +111,13 @@ def build_job(slot: Node, job_type: JobType | str, name: str, claim_name: str, c
         {"name": ENV_OPERATION, "value": str(kind)},
     ]
     volumes, volume_mounts = _volumes(pod.volumes)
-    container: JSON = {"name": CONTAINER_NAME, "image": pod.image, "env": env}
+    container: JSON = {
+        "name": CONTAINER_NAME,
+        "image": pod.image,
+        "env": env,
+        # A failed power script's last lines become its terminated state's message, which the operator reads.
+        "terminationMessagePolicy": pod.termination_message_policy or DEFAULT_TERMINATION_MESSAGE_POLICY,
+    }
     if pod.command is not None:
         container["command"] = list(pod.command)
     if pod.args is not None:

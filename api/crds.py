@@ -215,8 +215,10 @@ def crd_schemas() -> dict[str, Schema]:
     return schemas
 
 
-def _column(name: str, json_path: str, type_: str, description: str, priority: int = 0) -> Schema:
+def _column(name: str, json_path: str, type_: str, description: str, priority: int = 0, format_: str = "") -> Schema:
     column: Schema = {"name": name, "type": type_, "jsonPath": json_path, "description": description}
+    if format_:
+        column["format"] = format_
     if priority:
         column["priority"] = priority
     return column
@@ -246,7 +248,8 @@ _COLUMNS: dict[str, list[Schema]] = {
         _column("Reason", ".status.reason", "string", "Why the claim ended"),
         _column("Attempt", ".status.attempt", "integer", "Consecutive attempt number"),
         _AGE,
-        _column("Deadline", ".spec.deadlineAt", "date", "Boot deadline", priority=1),
+        # A time ahead, shown as written: a `date` column prints an age, and the age of a future time is <invalid>.
+        _column("Deadline", ".spec.deadlineAt", "string", "Boot deadline (UTC)", priority=1, format_="date-time"),
         _column("Finished", ".status.finishedAt", "date", "When the claim became terminal", priority=1),
     ],
 }

@@ -72,6 +72,7 @@ __all__ = [
     "ResourceRequirements",
     "SecretEnvSource",
     "Taint",
+    "TerminationMessagePolicy",
     "Time",
     "Toleration",
     "Transition",
@@ -348,6 +349,16 @@ _DEFAULT_READINESS_TAINTS_JSON: list[JsonValue] = [
 ]
 
 
+#: A Kubernetes resource quantity ("4", "500m", "16Gi", "1e3"), as the API server's own pattern checks it.
+CAPACITY_QUANTITY = Annotated[
+    str,
+    Field(
+        pattern=r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        max_length=64,
+    ),
+]
+
+
 class GroupSpec(_Spec):
     """A pool of slots that cluster-autoscaler sees as one node group, with its autoscaler options."""
 
@@ -410,6 +421,11 @@ class GroupSpec(_Spec):
     )
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="Labels of the template node cluster-autoscaler plans with."
+    )
+    node_capacity: dict[str, CAPACITY_QUANTITY] = Field(
+        default_factory=dict,
+        description="Capacity of the template node while none of the group's machines has registered a Node yet "
+        "(cpu, memory, pods...): without it a new group cannot be scaled up from zero. A machine seen since wins.",
     )
 
     @model_validator(mode="after")
@@ -573,6 +589,7 @@ class Toleration(_Spec):
 
 #: core/v1 dnsPolicy, less `None` (which needs a dnsConfig the template does not offer).
 DNSPolicy = Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default"]
+TerminationMessagePolicy = Literal["File", "FallbackToLogsOnError"]
 
 
 class PodSpecTemplate(_Spec):
@@ -623,6 +640,12 @@ class PodSpecTemplate(_Spec):
     dns_policy: DNSPolicy | None = Field(
         default=None,
         description="The pod's dnsPolicy; unset: ClusterFirstWithHostNet with hostNetwork, else ClusterFirst.",
+    )
+    termination_message_policy: TerminationMessagePolicy | None = Field(
+        default=None,
+        description="Where the container's last words come from: File (its /dev/termination-log only) or "
+        "FallbackToLogsOnError (that file, else the last lines of its log when it fails); unset: "
+        "FallbackToLogsOnError, so a failed Job says why.",
     )
 
 

@@ -26,7 +26,8 @@ from bench.report import Report
 from homelab_autoscaler.devserver import DevServer
 from homelab_autoscaler.temporal import DATA_CONVERTER
 
-FIGURES = ("p1", "p2", "p3", "p4")
+# P5 (the idle footprint) first: later figures leave ready claims on the shared server, which would bill its idle.
+FIGURES = ("p5", "p1", "p1s", "p2", "p3", "p4")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,13 +39,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--p3-slots", type=int, default=d.p3_slots, help="P3: slots per group (issue: 100)")
     p.add_argument("--p3-calls", type=int, default=d.p3_calls, help="P3: calls of each method (issue: 500)")
     p.add_argument("--idle-seconds", type=float, default=d.idle_seconds, help="P4: idle window, reported per minute")
-    p.add_argument("--only", default=",".join(FIGURES), help="comma-separated subset of p1,p2,p3,p4")
+    p.add_argument("--p1-boot-spread", default="20,80", help="P1 staggered: kubelets up LOW,HIGH s after their Job")
+    p.add_argument("--p5-slots", default="3,100", help="P5: slot counts whose idle footprint is measured")
+    p.add_argument("--only", default=",".join(FIGURES), help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     p.add_argument("--keep", type=Path, default=None, help="keep logs and the Temporal database in this directory")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(FIGURES)
     if unknown:
         p.error(f"--only: unknown figures {sorted(unknown)}")
+    try:
+        args.p5_slots = tuple(int(x) for x in args.p5_slots.split(",") if x)
+        low, high = (float(x) for x in args.p1_boot_spread.split(","))
+    except ValueError:
+        p.error("--p5-slots takes whole numbers (3,100); --p1-boot-spread two seconds (20,80)")
+    if not args.p5_slots or min(args.p5_slots) < 1 or not 0 <= low <= high:
+        p.error("--p5-slots: at least one count of 1 or more; --p1-boot-spread: 0 <= LOW <= HIGH")
+    args.p1_boot_spread = (low, high)
     return args
 
 
@@ -54,7 +65,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
     assert task is not None
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, task.cancel)
-    sizes = Sizes(args.p1_claims, args.p2_slots, args.p3_groups, args.p3_slots, args.p3_calls, args.idle_seconds)
+    sizes = Sizes(
+        args.p1_claims, args.p2_slots, args.p3_groups, args.p3_slots, args.p3_calls, args.idle_seconds,
+        p1_boot_spread=args.p1_boot_spread, p5_slots=args.p5_slots,
+    )  # fmt: skip
     report = Report(sizes=vars(sizes) | {"cpus": os.cpu_count()})
     began = time.monotonic()
     load_before = os.getloadavg()[0]
@@ -68,13 +82,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
     temporal.start()
     try:
         client = await Client.connect(temporal.address, data_converter=DATA_CONVERTER)
-        figures = Figures(client, temporal.address, workdir, sizes, report)
+        assert temporal.process is not None
+        figures = Figures(client, temporal.address, workdir, sizes, report, temporal.process.pid)
         async with floors.floor_worker(client):
             for name in FIGURES:
                 if name in args.only.split(","):
                     figure_began = time.monotonic()
                     await getattr(figures, name)()
                     print(f"  ({name} took {time.monotonic() - figure_began:.0f} s)", flush=True)
+        figures.task_row()
         assert temporal.process is not None
         report.processes["temporal dev server"] = peak_rss_mb(temporal.process.pid)
     finally:

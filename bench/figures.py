@@ -19,9 +19,10 @@ from api import contracts as c
 from api.names import ClaimPhase, JobType
 from bench import floors
 from bench.lab import LEASE_RENEW_SECONDS, World, homelab_doc
-from bench.procs import bounded, peak_rss_mb, wait_until
+from bench.procs import bounded, cpu_seconds, peak_rss_mb, rss_mb, wait_until
 from bench.report import Report, Row, ms, percentile
 from bench.stages import p1_stages
+from bench.tasks import TaskTrouble, task_trouble
 from proto import externalgrpc_pb2 as pb
 
 ECHO_CALLS = 1000
@@ -35,6 +36,8 @@ class Sizes:
     p3_slots: int = 25
     p3_calls: int = 100
     idle_seconds: float = 30.0
+    p1_boot_spread: tuple[float, float] = (20.0, 80.0)  # P1 staggered: kubelets up this many seconds after their Job
+    p5_slots: tuple[int, ...] = (3, 100)
 
     def wait_for(self, claims: int) -> float:
         """A generous bound for `claims` claims to move (the claims' own polls are 10-30 s)."""
@@ -42,11 +45,20 @@ class Sizes:
 
 
 class Figures:
-    def __init__(self, client: Client, temporal: str, workdir: Path, sizes: Sizes, report: Report) -> None:
+    def __init__(
+        self, client: Client, temporal: str, workdir: Path, sizes: Sizes, report: Report, temporal_pid: int = 0
+    ) -> None:
         self.client, self.temporal, self.dir, self.sizes, self.report = client, temporal, workdir, sizes, report
+        self.temporal_pid = temporal_pid  # the dev server's, for its CPU time (0: not measured)
+        self.trouble: dict[str, TaskTrouble] = {}
 
-    async def world(self, tag: str, groups: int, per_group: int, *, instant: bool) -> World:
-        doc = homelab_doc(f"bench-{tag}", groups, per_group, instant=instant)
+    def server_cpu(self) -> float:
+        return cpu_seconds(self.temporal_pid) if self.temporal_pid else 0.0
+
+    async def world(
+        self, tag: str, groups: int, per_group: int, *, instant: bool, boot_spread: tuple[float, float] | None = None
+    ) -> World:
+        doc = homelab_doc(f"bench-{tag}", groups, per_group, instant=instant, boot_spread=boot_spread)
         world = World(self.dir, self.temporal, tag, doc, time_scale=0.0 if instant else 1.0)
         try:
             return await world.start()
@@ -55,6 +67,14 @@ class Figures:
             raise
 
     async def done(self, world: World) -> None:
+        try:
+            self.trouble[world.tag] = await bounded(
+                task_trouble(self.client, world.task_queue),
+                timeout=300,
+                what=f"the histories of {world.tag}'s workflows",
+            )
+        except TimeoutError as exc:
+            self.report.notes.append(f"{world.tag}: workflow tasks not counted: {exc}")
         await world.close()
         self.report.processes[world.operator.name] = world.operator.peak_mb
         if world.retried_reads:
@@ -90,12 +110,33 @@ class Figures:
     async def p1(self) -> None:
         n = self.sizes.p1_claims
         print(f"P1: signal floors ({n} at once), then {n} claims booting in real time", flush=True)
-        handled, two = await floors.signal_latencies(self.client, n, self.sizes.wait_for(n))
+        self.floors_p1 = await floors.signal_latencies(self.client, n, self.sizes.wait_for(n))
+        lat = await self.reaction("p1", n, None)
+        self.p1_rows(f"P1 reaction, Ready → claim ready stored, {n} in flight", lat, n, "p99 ≤ 1 s")
+
+    async def p1s(self) -> None:
+        """P1 with the boots staggered: every Ready lands while most claims are still booting."""
+        n, spread = self.sizes.p1_claims, self.sizes.p1_boot_spread
+        print(f"P1 staggered: {n} claims whose machines come up {spread[0]:.0f}-{spread[1]:.0f} s after their Job",
+              flush=True)  # fmt: skip
+        if not hasattr(self, "floors_p1"):
+            self.floors_p1 = await floors.signal_latencies(self.client, n, self.sizes.wait_for(n))
+        lat = await self.reaction("p1s", n, spread)
+        self.p1_rows(f"P1 staggered, Ready → claim ready stored, {n} claims up {spread[0]:.0f}-{spread[1]:.0f} s "
+                     "after their Job", lat, n, "p99 ≤ 1.2× the two-activity floor's, and ≤ 2 s")  # fmt: skip
+
+    async def reaction(self, tag: str, n: int, spread: tuple[float, float] | None) -> list[float]:
+        """Ready stored → claim ready stored, per claim, for `n` claims scaled up at once."""
         groups = min(10, n)
-        world = await self.world("p1", groups, math.ceil(n / groups), instant=False)
+        world = await self.world(tag, groups, math.ceil(n / groups), instant=False, boot_spread=spread)
         try:
             await self.scale_up(world, n)
-            await self.ready(world, n)
+            await wait_until(
+                lambda: len(world.recorder.claims_in(ClaimPhase.READY)) >= n,
+                timeout=self.sizes.wait_for(n) + (spread[1] if spread else 0.0),
+                what=f"{n} claims of {world.tag} to be stored ready",
+                every=0.05,
+            )
             rec = world.recorder
             lat = []
             ready: dict[str, float] = {}
@@ -111,22 +152,28 @@ class Figures:
                 timeout=self.sizes.wait_for(n),
                 what=f"the histories of {len(ready)} claims",
             )
-            self.report.notes.append(stages.note())
+            self.report.notes.append(stages.note().replace("p1 stages:", f"{tag} stages:", 1))
         finally:
             await self.done(world)
         if len(lat) < n:
-            self.report.notes.append(f"p1: {n - len(lat)} of {n} ready claims had no Ready Node on record (left out)")
+            self.report.notes.append(
+                f"{tag}: {n - len(lat)} of {n} ready claims had no Ready Node on record (left out)"
+            )
+        return lat
+
+    def p1_rows(self, figure: str, lat: list[float], n: int, goal: str) -> None:
+        handled, two = self.floors_p1
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
         values = {"claims": n, "samples": len(lat), "p50_s": p50, "p99_s": p99, "max_s": max(lat)}
         for label, floor in (("signal → handled", handled), ("signal → two trivial activities done", two)):
             f99 = percentile(floor, 99)
             self.report.add(
                 Row(
-                    f"P1 reaction, Ready → claim ready stored, {n} in flight, vs {label}",
+                    f"{figure}, vs {label}",
                     f"p50 {ms(p50)}, p99 {ms(p99)}",
                     f"{label} p99 {ms(f99)} (p50 {ms(percentile(floor, 50))})",
                     p99 / f99,
-                    "p99 ≤ 1 s",
+                    goal,
                     {**values, "floor_p50_s": percentile(floor, 50), "floor_p99_s": f99},
                 )
             )
@@ -135,14 +182,18 @@ class Figures:
     async def p2(self) -> None:
         n = self.sizes.p2_slots
         print(f"P2: floor of {n} one-activity workflows, then a burst of {n} slots in {min(10, n)} groups", flush=True)
+        cpu_before = self.server_cpu()
         floor, _ = await floors.one_activity_burst(self.client, n, self.sizes.wait_for(n))
+        floor_cpu = self.server_cpu() - cpu_before
         groups = min(10, n)
         world = await self.world("p2", groups, math.ceil(n / groups), instant=True)
         try:
             idle_mb = world.operator_rss_mb()
             began = time.time()
+            cpu_before = self.server_cpu()
             await self.scale_up(world, n)
             await self.ready(world, n)
+            burst_cpu = self.server_cpu() - cpu_before
             last = max(
                 t for cl in world.recorder.claims_in(ClaimPhase.READY) if (t := world.recorder.first(cl, "ready"))
             )
@@ -150,6 +201,18 @@ class Figures:
             peak = peak_rss_mb(world.operator.pid)
         finally:
             await self.done(world)
+        if self.temporal_pid:
+            per, floor_per = burst_cpu / n, floor_cpu / n
+            self.report.add(
+                Row(
+                    f"P2 Temporal server CPU per claim, IncreaseSize → ready, burst of {n}",
+                    f"{ms(per)} ({burst_cpu:.1f} s / {n})",
+                    f"one-activity workflow {ms(floor_per)} ({floor_cpu:.1f} s / {n})",
+                    per / floor_per if floor_per else math.inf,
+                    "≤ 3× the floor's",
+                    {"server_cpu_s": burst_cpu, "floor_server_cpu_s": floor_cpu, "claims": n},
+                )
+            )
         self.report.add(
             Row(
                 f"P2 burst, IncreaseSize → all {n} ready (instant machines)",
@@ -303,8 +366,68 @@ class Figures:
             )
         )
 
+    # --- P5 ----------------------------------------------------------------------------------------------------
+    async def p5(self) -> None:
+        """The idle footprint: what a homelab at rest costs, at a few slots and at many."""
+        idle = self.sizes.idle_seconds
+        for slots in self.sizes.p5_slots:
+            print(f"P5: {slots} slots at rest for {idle:.0f} s", flush=True)
+            groups = max(1, min(10, slots // 10))
+            world = await self.world(f"p5-{slots}", groups, math.ceil(slots / groups), instant=True)
+            try:
+                await asyncio.sleep(min(20.0, idle))  # the first sync's reports and the group reloads settle
+                op_cpu, server_cpu, seen = cpu_seconds(world.operator.pid), self.server_cpu(), len(world.requests())
+                await asyncio.sleep(idle)
+                op_cpu = cpu_seconds(world.operator.pid) - op_cpu
+                server_cpu = self.server_cpu() - server_cpu
+                requests = world.requests()[seen:]
+                op_mb = world.operator_rss_mb()
+                server_mb = rss_mb(self.temporal_pid) if self.temporal_pid else 0.0
+            finally:
+                await self.done(world)
+            per_hour = 3600.0 / idle
+            kinds = Counter(_kind(r) for r in requests)
+            lease = sum(n for k, n in kinds.items() if "leases" in k)
+            others = {k: n for k, n in kinds.items() if "leases" not in k}
+            self.report.add(
+                Row(
+                    f"P5 idle footprint, {slots} slots (measured over {idle:.0f} s)",
+                    f"operator {op_mb:.0f} MB, {op_cpu * per_hour:.0f} CPU s/h; Temporal server {server_mb:.0f} MB, "
+                    f"{server_cpu * per_hour:.0f} CPU s/h; API requests {len(requests) * 60 / idle:.1f}/min "
+                    f"({lease * 60 / idle:.1f} Lease, {sum(others.values()) * 60 / idle:.1f} other)",
+                    "Lease requests only",
+                    len(requests) / lease if lease else math.inf,
+                    "printed; nothing but the Lease and the liveness reads",
+                    {"slots": slots, "operator_mb": op_mb, "operator_cpu_s_per_h": op_cpu * per_hour,
+                     "server_mb": server_mb, "server_cpu_s_per_h": server_cpu * per_hour,
+                     "requests_by_kind": dict(kinds)},
+                )
+            )  # fmt: skip
+            if others:
+                listed = ", ".join(f"{k} {n}" for k, n in sorted(others.items(), key=lambda kv: -kv[1]))
+                self.report.notes.append(f"p5-{slots}: idle requests other than the Lease: {listed}")
+
+    def task_row(self) -> None:
+        """Workflow tasks timed out or failed in each figure's workflows (the goal is none)."""
+        if not self.trouble:
+            return
+        timed_out = sum(t.timed_out for t in self.trouble.values())
+        self.report.add(
+            Row(
+                "Workflow tasks timed out during the figures",
+                "; ".join(f"{tag}: {t.text()}" for tag, t in self.trouble.items()),
+                "0",
+                float(timed_out),
+                "0",
+                {tag: {"workflows": t.workflows, "timed_out": t.timed_out, "failed": t.failed}
+                 for tag, t in self.trouble.items()},
+            )
+        )  # fmt: skip
+
 
 def _kind(r: RequestInfo) -> str:
     """`patch nodes/status (infra.homecluster.dev)`: what a write request wrote."""
+    if r.plural is None:  # not a resource: discovery, /version (the health check's reachability probe)
+        return f"{r.verb} {r.path}"
     sub = f"/{r.subresource}" if r.subresource else ""
     return f"{r.verb} {r.plural}{sub} ({r.group or 'core'})"

@@ -4,6 +4,7 @@ counted) and `homelab-autoscaler run` (a process, as people run it) on a task qu
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import defaultdict
@@ -29,8 +30,12 @@ CA_DEADLINE = 5.0
 RETRIED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
 
-def homelab_doc(namespace: str, groups: int, slots_per_group: int, *, instant: bool) -> dict[str, Any]:
-    """`groups` groups of `slots_per_group` slots; machines instant (all zero) or a few real seconds to boot."""
+def homelab_doc(
+    namespace: str, groups: int, slots_per_group: int, *, instant: bool, boot_spread: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """`groups` groups of `slots_per_group` slots; machines instant (all zero) or a few real seconds to boot, or,
+    with `boot_spread` (low, high), machines whose kubelets come up evenly spread over that many seconds after
+    their Job (the staggered P1: most claims are still booting when each one turns Ready)."""
     timings = (
         {"jobSeconds": 0, "bootSeconds": 0, "readySeconds": 0, "taintClearSeconds": 0, "shutdownSeconds": 0}
         if instant
@@ -46,10 +51,20 @@ def homelab_doc(namespace: str, groups: int, slots_per_group: int, *, instant: b
         "groups": [{"name": g, "minSize": 0, "maxSize": slots_per_group, "nodeReadinessTaints": []} for g in gnames],
         "slots": [
             {"name": f"{g}-s{j}", "group": g, "startupPodSpec": pod, "shutdownPodSpec": pod}
-            for g in gnames
+            | ({"timings": {"bootSeconds": _spread(boot_spread, i * slots_per_group + j, groups * slots_per_group)}}
+               if boot_spread else {})
+            for i, g in enumerate(gnames)
             for j in range(slots_per_group)
         ],
-    }
+    }  # fmt: skip
+
+
+def _spread(bounds: tuple[float, float], k: int, n: int) -> float:
+    """The k-th of n values evenly spread over [low, high], interleaved so every group gets early and late ones."""
+    low, high = bounds
+    step = 7919 if math.gcd(7919, n) == 1 else 1  # coprime with n: k -> k * step % n is a fixed permutation
+    order = (k * step) % n
+    return round(low + (high - low) * (order / max(1, n - 1)), 1)
 
 
 def _condition_true(obj: dict[str, Any], kind: str) -> bool:
@@ -166,6 +181,10 @@ class World:
 
     def operator_rss_mb(self) -> float:
         return rss_mb(self.operator.pid)
+
+    def requests(self) -> list[RequestInfo]:
+        """Every API request the emulator has served so far (reads too)."""
+        return list(self.lab.emulator.requests)
 
     async def read(self, call: Callable[..., Any], request: Any, what: str, tries: int = 10) -> Any:
         """A read the bench needs (not one it times): asked again after DEADLINE_EXCEEDED or UNAVAILABLE."""

@@ -89,6 +89,17 @@ def peak_rss_mb(pid: int) -> float:
     return sum(_status_kb(p, "VmHWM") for p in _tree(pid)) / 1024
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process and its descendants have used so far (from /proc/<pid>/stat)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+    return total / ticks
+
+
 def rss_mb(pid: int) -> float:
     return sum(_status_kb(p, "VmRSS") for p in _tree(pid)) / 1024
 

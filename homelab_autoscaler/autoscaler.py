@@ -86,18 +86,25 @@ def _target(stub: Any, call: Call) -> str:
     return str(stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=call.group), timeout=call.timeout).targetSize)
 
 
+def _changed(stub: Any, call: Call, what: str, change: Callable[[], Any]) -> str:
+    """Make a size-changing call between two reads of the target: what was asked, and what the target is now."""
+    before = _target(stub, call)
+    change()
+    return f"{call.group}: {what}; target now {_target(stub, call)} (was {before})"
+
+
 def _increase(stub: Any, call: Call) -> str:
-    stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=call.group, delta=call.delta), timeout=call.timeout)
-    return _target(stub, call)
+    request = pb.NodeGroupIncreaseSizeRequest(id=call.group, delta=call.delta)
+    return _changed(
+        stub, call, f"asked for {call.delta} more", lambda: stub.NodeGroupIncreaseSize(request, timeout=call.timeout)
+    )
 
 
 def _decrease(stub: Any, call: Call) -> str:
     """cluster-autoscaler sends a negative delta; a positive count given here is sent negated."""
-    delta = -abs(call.delta)
-    stub.NodeGroupDecreaseTargetSize(
-        pb.NodeGroupDecreaseTargetSizeRequest(id=call.group, delta=delta), timeout=call.timeout
-    )
-    return _target(stub, call)
+    request = pb.NodeGroupDecreaseTargetSizeRequest(id=call.group, delta=-abs(call.delta))
+    what = f"asked for {abs(call.delta)} fewer (pending machines only)"
+    return _changed(stub, call, what, lambda: stub.NodeGroupDecreaseTargetSize(request, timeout=call.timeout))
 
 
 def _delete(stub: Any, call: Call) -> str:
@@ -105,8 +112,9 @@ def _delete(stub: Any, call: Call) -> str:
         pb.ExternalGrpcNode(providerID=n, name=n.rsplit("/", 1)[-1]) if "://" in n else pb.ExternalGrpcNode(name=n)
         for n in call.nodes
     ]
-    stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id=call.group, nodes=nodes), timeout=call.timeout)
-    return _target(stub, call)
+    request = pb.NodeGroupDeleteNodesRequest(id=call.group, nodes=nodes)
+    what = f"scaling down {', '.join(call.nodes)}"
+    return _changed(stub, call, what, lambda: stub.NodeGroupDeleteNodes(request, timeout=call.timeout))
 
 
 def _template(stub: Any, call: Call) -> str:
@@ -145,14 +153,34 @@ COMMANDS: dict[str, tuple[str, Callable[[Any, Call], str]]] = {
 }
 
 
+# What gRPC says when nothing answered at the address (as opposed to the provider answering UNAVAILABLE itself).
+_NO_CONNECTION = ("failed to connect", "errors resolving", "connection refused", "name resolution", "dns")
+
+
+def refusal(target: Target, call: Call, err: grpc.RpcError) -> str:
+    """One line for a failed call: the provider's own answer as it is, or, when nothing answered, where it was
+    looked for and the flag that moves it (as `claims` says of Temporal)."""
+    code, details = err.code(), str(err.details() or "")
+    unreachable = code == grpc.StatusCode.UNAVAILABLE and any(m in details.lower() for m in _NO_CONNECTION)
+    silent = code == grpc.StatusCode.DEADLINE_EXCEEDED and details.strip().lower() == "deadline exceeded"
+    if unreachable or silent:
+        reason = details.rsplit(": ", 1)[-1].strip(" []") if unreachable else f"no answer within {call.timeout:g} s"
+        return (
+            f"{call.method}: cannot reach the provider at {target.provider_address}: {reason}. Is it running "
+            "(`make run` starts one)? --provider-address names another"
+        )
+    return f"{call.method}: {code.name}: {details}"
+
+
 def main(target: Target, call: Call) -> int:
-    """Make one call; a refused call prints its gRPC code and message and exits 1."""
+    """Make one call; a refused call prints one line (its gRPC code and message, or why nothing answered) and
+    exits 1."""
     _, fn = COMMANDS[call.method]
     with channel(target) as ch:
         stub = pb_grpc.CloudProviderStub(ch)
         try:
             print(fn(stub, call))
         except grpc.RpcError as err:
-            print(f"{call.method}: {err.code().name}: {err.details()}", file=sys.stderr)
+            print(refusal(target, call, err), file=sys.stderr)
             return 1
     return 0

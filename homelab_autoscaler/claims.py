@@ -346,6 +346,19 @@ async def show(client: Client, namespace: str, name: str, now: datetime | None =
     return lines
 
 
+def claim_named(name: str, namespace: str) -> tuple[str, str]:
+    """(namespace, claim) from what a person gives: a claim's name, or its workflow id as the demo, the Web UI
+    and `claims list` show it (`nodeclaim/<namespace>/<claim>`), whose namespace wins over --namespace."""
+    if "/" not in name:
+        return namespace, name
+    parts = name.split("/")
+    if len(parts) == 3 and all(parts) and c.claim_workflow_id(parts[1], parts[2]) == name:
+        return parts[1], parts[2]
+    raise UserError(
+        f"{name} is no claim: give its name (worker-1-a1b2c3) or its workflow id (nodeclaim/<namespace>/<name>)"
+    )
+
+
 async def list_command(temporal: TemporalSettings, *, group: str | None, slot: str | None, phase: str | None) -> int:
     client = await connect(temporal)
     print(format_rows(await list_claims(client, group=group, slot=slot, phase=phase)))
@@ -353,12 +366,14 @@ async def list_command(temporal: TemporalSettings, *, group: str | None, slot: s
 
 
 async def show_command(temporal: TemporalSettings, *, name: str, namespace: str) -> int:
+    namespace, name = claim_named(name, namespace)
     client = await connect(temporal)
     print("\n".join(await show(client, namespace, name)))
     return 0
 
 
 async def reset_command(temporal: TemporalSettings, *, name: str, namespace: str) -> int:
+    namespace, name = claim_named(name, namespace)
     client = await connect(temporal)
     handle = client.get_workflow_handle(c.claim_workflow_id(namespace, name))
     try:

@@ -27,7 +27,9 @@ import click
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from temporalio.service import RPCError
 
+from api.addresses import check_host, check_host_port
 from homelab_autoscaler import autoscaler
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.settings import SECTIONS, LoggingSettings, Settings, TemporalSettings
@@ -181,7 +183,8 @@ def _one_line(err: ValidationError, sources: Mapping[str, str]) -> str:
     message = str(first["msg"]).removeprefix("Value error, ")
     if first["loc"]:
         name = str(first["loc"][0])
-        return f"bad setting {name} (from {sources.get(name, 'its default')}): {message}; got {first['input']!r}"
+        got = "" if repr(first["input"]) in message else f"; got {first['input']!r}"
+        return f"bad setting {name} (from {sources.get(name, 'its default')}): {message}{got}"
     return f"bad settings: {message}"
 
 
@@ -216,9 +219,9 @@ class SettingsCommand(click.Command):
         args = {k: v for k, v in kwargs.items() if k not in names and k != "config"}
         try:
             settings = load_settings(self.sections, flags, kwargs.get("config"))
+            return self.run(settings, args)  # a role's preflight refuses in one line too, before anything starts
         except UserError as err:
             raise click.UsageError(str(err)) from None
-        return self.run(settings, args)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = {s.name for section in self.sections for s in section_settings(section)}
@@ -241,6 +244,9 @@ def _finish(command: str, run: Callable[[], int]) -> NoReturn:
     except UserError as err:
         print(f"{PROG} {command}: {err}", file=sys.stderr)
         rc = 2
+    except RPCError as err:  # Temporal answered, and refused: its words, not the SDK's frames
+        print(f"{PROG} {command}: Temporal refused: {err.message} ({err.status.name})", file=sys.stderr)
+        rc = 1
     except (OSError, RuntimeError, TimeoutError) as err:
         print(f"{PROG} {command}: {err}", file=sys.stderr)
         rc = 1
@@ -256,8 +262,9 @@ def _role_command(name: str) -> SettingsCommand:
     from homelab_autoscaler import roles
 
     def run(settings: Settings, _: dict[str, Any]) -> int:
-        from homelab_autoscaler.roles import run_command, setup_logging
+        from homelab_autoscaler.roles import preflight, run_command, setup_logging
 
+        preflight(name, settings)
         setup_logging(settings.section(LoggingSettings))
         _finish(name, lambda: asyncio.run(run_command(name, settings)))
 
@@ -269,10 +276,11 @@ def _dev_command() -> SettingsCommand:
     from homelab_autoscaler import roles
 
     def run(settings: Settings, _: dict[str, Any]) -> int:
-        from homelab_autoscaler.roles import dev_role, setup_logging
+        from homelab_autoscaler.roles import dev_preflight, dev_role, setup_logging
 
+        simulate = dev_preflight(settings)
         setup_logging(settings.section(LoggingSettings))
-        _finish("dev", lambda: asyncio.run(dev_role(settings)))
+        _finish("dev", lambda: asyncio.run(dev_role(settings, simulate)))
 
     return SettingsCommand("dev", roles.DEV_SECTIONS, run, help=roles.DEV_HELP)
 
@@ -334,8 +342,27 @@ def _claims_group() -> click.Group:
 
 
 # --- autoscaler: the provider called as cluster-autoscaler calls it ------------------------------------------------
+def _checked(check: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that refuses a value `check` refuses, in one line naming the option."""
+
+    def callback(_ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            try:
+                check(value)
+            except ValueError as err:
+                raise click.BadParameter(str(err), param=param) from None
+        return value
+
+    return callback
+
+
+def _provider_address(value: str) -> None:
+    if not value.startswith("unix:"):
+        check_host_port(value)
+
+
 def _autoscaler_group() -> click.Group:
-    file = click.Path(path_type=Path, dir_okay=False)
+    file = click.Path(path_type=Path, dir_okay=False, exists=True)
 
     def connect(ctx: click.Context, **kwargs: Any) -> None:
         ctx.obj = autoscaler.Target(**kwargs)
@@ -346,15 +373,21 @@ def _autoscaler_group() -> click.Group:
         callback=click.pass_context(connect),
         params=[
             click.Option(
-                ["--provider-address"], default="127.0.0.1:8086", show_default=True, help="the provider's host:port"
+                ["--provider-address"],
+                default="127.0.0.1:8086",
+                show_default=True,
+                help="the provider's host:port",
+                callback=_checked(_provider_address),
             ),
             click.Option(["--tls-cert"], type=file, help="client certificate (PEM) for mTLS"),
             click.Option(["--tls-key"], type=file, help="client key (PEM)"),
             click.Option(["--tls-ca"], type=file, help="CA (PEM) that signed the provider's certificate"),
-            click.Option(["--server-name"], help="name to verify in the provider's certificate"),
+            click.Option(
+                ["--server-name"], help="name to verify in the provider's certificate", callback=_checked(check_host)
+            ),
             click.Option(
                 ["--timeout"],
-                type=float,
+                type=click.FloatRange(min=0, min_open=True),
                 default=5.0,
                 show_default=True,
                 help="deadline of each call (cluster-autoscaler: 5 s)",

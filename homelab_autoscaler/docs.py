@@ -77,8 +77,12 @@ Rules worth knowing:
   watch their Groups, slots, claims and Jobs; a Group elsewhere is not the operator's.
 - The provider refuses plaintext on anything but a loopback address unless `--insecure` is set; give
   `--tls-cert`, `--tls-key` and `--tls-ca` together for mTLS (cluster-autoscaler speaks mTLS or plaintext).
+- The NodeClaim admission webhook is off until `--webhook-address` is given, and then needs `--webhook-tls-cert`
+  and `--webhook-tls-key` (an API server calls a webhook over HTTPS only). It is served by `run` and `provider`;
+  `deploy/components/admission` sets all three and registers it with the API server.
 - In a pod, listen on `0.0.0.0` (`HOMELAB_AUTOSCALER_PROVIDER_ADDRESS`, `HOMELAB_AUTOSCALER_HEALTH_HOST`,
-  `HOMELAB_AUTOSCALER_METRICS_ADDRESS`), since the kubelet and Services reach the pod IP.
+  `HOMELAB_AUTOSCALER_METRICS_ADDRESS`, `HOMELAB_AUTOSCALER_WEBHOOK_ADDRESS`), since the kubelet and Services reach
+  the pod IP.
 - Every process checks at start that the five search attributes exist in its Temporal namespace and prints the
   `temporal operator search-attribute create` commands for any that is missing.
 - `dev` runs its own Temporal server, so it takes no Temporal settings; it checks the homelab file and every

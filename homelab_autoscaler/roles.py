@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 
 from activities import KubeActivities
+from admission.server import ReviewMetrics, Webhook
+from admission.server import serve as serve_webhook
+from admission.settings import WebhookSettings
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.ports import Port, check_free, free_port, split_address
@@ -40,7 +44,7 @@ from homelab_autoscaler.settings import (
 )
 from homelab_autoscaler.simulator import SimulatedHomelab, check_homelab
 from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
-from kube.adapter import Kube
+from kube.adapter import Kube, config_problem
 from kube.settings import KubeSettings
 from provider.server import serve as serve_provider
 from provider.service import CloudProvider
@@ -196,6 +200,17 @@ async def watch(p: Process) -> None:
     await watchers.run(p.stop, renew_every=settings.lease_renew_seconds)
 
 
+async def webhook(p: Process) -> None:
+    """The NodeClaim admission webhook over HTTPS, until stop; idle when no address is given (the default)."""
+    settings = p.settings.section(WebhookSettings)
+    if not settings.enabled:
+        await p.stop.wait()
+        return
+    runtime = p.client.service_client.config.runtime or Runtime.default()
+    hook = Webhook(p.kube, ReviewMetrics(meter=runtime.metric_meter))
+    await serve_webhook(settings, hook, p.stop)
+
+
 @dataclass(frozen=True)
 class Role:
     """A role of the operator: what it runs in a process, and the settings sections it reads besides the
@@ -209,6 +224,8 @@ class Role:
 WORKER = Role("worker", worker, ("queue", "worker"))
 PROVIDER = Role("provider", provider, ("queue", "namespaces", "provider"))
 WATCH = Role("watch", watch, ("queue", "namespaces", "watch"))
+# The two servers the cluster calls go together: cluster-autoscaler calls the provider, the API server the webhook.
+WEBHOOK = Role("webhook", webhook, ("webhook",))
 
 # What every process that runs roles reads: Temporal and the API server, its health and metrics, its logging.
 PROCESS_SECTIONS = ("temporal", "kube", "health", "metrics", "logging")
@@ -230,9 +247,15 @@ class Command:
 # The commands that run roles, each in one process (run is the homelab default: all three on one client). The
 # command line, its settings and docs/configuration.md are built from this table.
 ROLES: dict[str, Command] = {
-    "run": Command("worker + provider + watchers in one process (the homelab default)", (WORKER, PROVIDER, WATCH)),
+    "run": Command(
+        "worker + provider + watchers (+ the admission webhook) in one process (the homelab default)",
+        (WORKER, PROVIDER, WATCH, WEBHOOK),
+    ),
     "worker": Command("the Temporal worker: every workflow and activity on one task queue", (WORKER,)),
-    "provider": Command("the externalgrpc CloudProvider server cluster-autoscaler calls", (PROVIDER,)),
+    "provider": Command(
+        "the externalgrpc CloudProvider server cluster-autoscaler calls (+ the NodeClaim admission webhook)",
+        (PROVIDER, WEBHOOK),
+    ),
     "watch": Command("the watchers (observations become signals) and the slot/group report writer", (WATCH,)),
 }
 
@@ -244,7 +267,7 @@ DEV_SECTIONS = tuple(
 
 
 def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:
-    """The ports a process of these roles listens on: health, metrics, and the provider's."""
+    """The ports a process of these roles listens on: health, metrics, the provider's and the webhook's."""
     health = settings.section(HealthSettings)
     ports = [Port(health.host, health.port, "the health endpoints", "--health-port")]
     metrics = settings.section(MetricsSettings)
@@ -252,7 +275,23 @@ def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:
         ports.append(Port(*at, "the Prometheus /metrics endpoint", "--metrics-address"))
     if PROVIDER in roles and (at := split_address(settings.section(ProviderSettings).address)):
         ports.append(Port(*at, "the provider (cluster-autoscaler's endpoint)", "--provider-address"))
+    if WEBHOOK in roles and (at := split_address(settings.section(WebhookSettings).address)):
+        ports.append(Port(*at, "the NodeClaim admission webhook", "--webhook-address"))
     return ports
+
+
+def check_kube(kube: KubeSettings) -> None:
+    """The kubeconfig (and its context) load, or one line naming the flag: found before anything starts."""
+    problem = config_problem(kube)
+    if problem:
+        raise UserError(problem)
+
+
+def preflight(command: str, settings: Settings) -> None:
+    """What settings validation cannot see and a person can still get wrong, checked before anything starts: the
+    kubeconfig and its context, and the ports (`compose` checks them again, for a port taken in between)."""
+    check_kube(settings.section(KubeSettings))
+    check_free(process_ports(settings, ROLES[command].roles))
 
 
 async def compose(
@@ -306,10 +345,11 @@ async def run_command(command: str, settings: Settings) -> int:
 
 # --- dev ---------------------------------------------------------------------------------------------------------
 def no_cluster_configured(kube: KubeSettings) -> bool:
-    """No API server named, no kubeconfig, not in a pod: `dev` then simulates the homelab."""
+    """No API server named, no kubeconfig or context, not in a pod: `dev` then simulates the homelab."""
     return (
         kube.server is None
         and kube.kubeconfig is None
+        and kube.context is None
         and "KUBERNETES_SERVICE_HOST" not in os.environ
         and not os.environ.get("KUBECONFIG")
         and not (Path.home() / ".kube" / "config").exists()
@@ -328,28 +368,38 @@ def dev_ports(settings: Settings, simulate: bool) -> list[Port]:
     return ports + process_ports(settings, ROLES["run"].roles)
 
 
-async def dev_role(settings: Settings) -> int:
-    """The embedded Temporal server (and the simulated homelab), then `run`; everything stops on SIGTERM.
-
-    Everything a person can get wrong (the homelab file, a busy port, the `temporal` binary) is checked before
-    anything is started or deleted, so a second `dev` beside a running one leaves the first untouched.
-    """
-    from homelab_autoscaler.demo import demo_task
-    from homelab_autoscaler.devserver import DevServer, state_dir, temporal_binary
+def dev_preflight(settings: Settings) -> bool:
+    """Everything a person can get wrong in `dev` (the cluster to use, the homelab file, the `temporal` binary, a
+    busy port), checked before anything is started or deleted, so a second `dev` beside a running one leaves the
+    first untouched. Whether it simulates the homelab."""
+    from homelab_autoscaler.devserver import temporal_binary
 
     dev = settings.section(DevSettings)
     kube_settings = settings.section(KubeSettings)
     if dev.simulate and (kube_settings.server or kube_settings.kubeconfig or kube_settings.context):
         raise UserError("--simulate serves its own API server: drop --kube-server, --kubeconfig and --kube-context")
     simulate = dev.simulate or no_cluster_configured(kube_settings)
-    check_free(dev_ports(settings, simulate))
-    if simulate:
+    if not simulate:
+        check_kube(kube_settings)
+    if simulate or dev.homelab is not None:
         check_homelab(dev.homelab)
     try:
         temporal_binary()
     except FileNotFoundError as err:
         raise UserError(str(err)) from None
+    check_free(dev_ports(settings, simulate))
+    return simulate
 
+
+async def dev_role(settings: Settings, simulate: bool) -> int:
+    """The embedded Temporal server (and the simulated homelab), then `run`; everything stops on SIGTERM.
+
+    `dev_preflight` has checked what a person can get wrong and decided `simulate`."""
+    from homelab_autoscaler.demo import demo_task
+    from homelab_autoscaler.devserver import DevServer, state_dir
+
+    dev = settings.section(DevSettings)
+    kube_settings = settings.section(KubeSettings)
     stop = stop_on_signals()
     logs = state_dir()
     logs.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ each field's alias (else its name) is the setting's name: the flag `--<name>`, t
 `HOMELAB_AUTOSCALER_<NAME>` and the config file's key `<name>`, one meaning each across every command. A
 command fills only the sections its roles read (`homelab_autoscaler.roles.ROLES`), so `claims list` offers no
 worker setting and a role cannot read a setting its command never took. Owners keep their own section
-(`kube/settings.py`, `provider/settings.py`, `watchers/settings.py`); the rest are here.
+(`kube/settings.py`, `provider/settings.py`, `watchers/settings.py`, `admission/settings.py`); the rest are here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,18 @@ from typing import Self, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from admission.settings import WebhookSettings
+from api.addresses import (
+    check_connect_address,
+    check_dns_label,
+    check_host,
+    check_host_port,
+    check_ip,
+    check_new_file,
+    check_token,
+    each,
+    field_checks,
+)
 from api.contracts import TASK_QUEUE
 from kube.settings import KubeSettings
 from provider.settings import DEFAULT_NAMESPACE, Names, ProviderSettings
@@ -46,6 +58,8 @@ class TemporalSettings(BaseModel):
         None, alias="temporal_api_key", description="API key for Temporal Cloud or a gateway (implies TLS)"
     )
 
+    _checked = field_checks({"address": check_connect_address, "tls_server_name": check_host, "api_key": check_token})
+
     @model_validator(mode="after")
     def _tls_files(self) -> Self:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -76,8 +90,11 @@ class MetricsSettings(BaseModel):
     address: str | None = Field(
         "127.0.0.1:9464",
         alias="metrics_address",
-        description="host:port of the Prometheus /metrics endpoint (empty to disable)",
+        description="IP:port of the Prometheus /metrics endpoint (empty to disable)",
     )
+
+    # the SDK's exporter binds a socket address: an IP, not a host name ("" turns metrics off)
+    _checked = field_checks({"address": lambda value: value and check_host_port(value, ip_only=True)})
 
 
 class HealthSettings(BaseModel):
@@ -89,6 +106,8 @@ class HealthSettings(BaseModel):
     port: int = Field(
         8081, ge=0, le=65535, alias="health_port", description="port of the health endpoints (0 picks a free one)"
     )
+
+    _checked = field_checks({"host": lambda value: value and check_host(value)})  # "": every interface
 
 
 class LoggingSettings(BaseModel):
@@ -132,6 +151,8 @@ class NamespaceSettings(BaseModel):
         json_schema_extra={"shown_default": DEFAULT_NAMESPACE},
     )
 
+    _checked = field_checks({"namespaces": each(check_dns_label)})
+
 
 class DevSettings(BaseModel):
     """`dev`: the embedded Temporal dev server with its Web UI and, with --simulate, the simulated homelab."""
@@ -156,6 +177,9 @@ class DevSettings(BaseModel):
     time_scale: float = Field(1.0, ge=0, description="multiply the simulated machines' delays (0: instant)")
     demo: bool = Field(False, description="run the scripted demo once everything is up")
 
+    # `temporal server start-dev --ip` binds an address, not a name
+    _checked = field_checks({"temporal_ip": check_ip, "temporal_db": check_new_file})
+
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -174,6 +198,7 @@ class Settings(BaseModel):
     namespaces: NamespaceSettings | None = Field(None, title="Namespaces")
     worker: WorkerSettings | None = Field(None, title="Worker")
     provider: ProviderSettings | None = Field(None, title="Provider (cluster-autoscaler's externalgrpc server)")
+    webhook: WebhookSettings | None = Field(None, title="Admission webhook (the API server's check of NodeClaims)")
     watch: WatchSettings | None = Field(None, title="Watchers")
     dev: DevSettings | None = Field(None, title="Development server")
     health: HealthSettings | None = Field(None, title="Health endpoints")

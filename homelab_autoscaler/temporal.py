@@ -7,19 +7,23 @@ import logging
 import pkgutil
 import re
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker, WorkerTuner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import workflows
 from activities.expected import ExpectedFailures
 from api.contracts import SEARCH_ATTRIBUTES, TASK_QUEUE
+from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.settings import MetricsSettings, TemporalSettings
 from workflows import metrics as operator_metrics
 from workflows.registry import WORKFLOWS
@@ -27,6 +31,7 @@ from workflows.registry import WORKFLOWS
 log = logging.getLogger(__name__)
 
 DATA_CONVERTER = pydantic_data_converter
+NAMESPACE_CHECK_TIMEOUT = timedelta(seconds=10)
 _INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
 
 
@@ -34,17 +39,25 @@ _RUNTIMES: dict[str, Runtime] = {}
 
 
 def runtime_for(metrics_address: str | None) -> Runtime | None:
-    """One SDK runtime per process and metrics address: it serves /metrics for the SDK and the operator."""
+    """One SDK runtime per process and metrics address: it serves /metrics for the SDK and the operator.
+
+    Named as Prometheus users expect: durations in seconds with a `_seconds` suffix, counters with `_total`
+    (the exporter appends both, so the names in code stay bare), and no `service_name="temporal-core-sdk"` label,
+    which says nothing about a metric of the operator's (a scrape's `job` and `instance` say where it came from).
+    """
     if not metrics_address:
         return None
     if metrics_address not in _RUNTIMES:
         _RUNTIMES[metrics_address] = Runtime(
             telemetry=TelemetryConfig(
+                attach_service_name=False,
                 metrics=PrometheusConfig(
                     bind_address=metrics_address,
                     durations_as_seconds=True,
+                    counters_total_suffix=True,
+                    unit_suffix=True,
                     histogram_bucket_overrides={operator_metrics.TIME_TO_READY: operator_metrics.TIME_TO_READY_BUCKETS},
-                )
+                ),
             )
         )
     return _RUNTIMES[metrics_address]
@@ -67,7 +80,7 @@ async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = 
     elif temporal.api_key:
         tls = True
     try:
-        return await Client.connect(
+        client = await Client.connect(
             temporal.address,
             namespace=temporal.namespace,
             data_converter=DATA_CONVERTER,
@@ -77,13 +90,31 @@ async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = 
         )
     except RuntimeError as err:
         raise TemporalUnreachable(temporal.address, str(err)) from None
+    await require_namespace(client, temporal)
+    return client
+
+
+async def require_namespace(client: Client, temporal: TemporalSettings) -> None:
+    """A namespace Temporal does not have is a mistake in a setting: one line naming it, before anything is asked
+    of it (a list or a worker's poll failed with a page of the SDK's frames). Only NOT_FOUND says so: a
+    namespace we may not describe (an API key's limits) is left for the real calls to judge."""
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=temporal.namespace), timeout=NAMESPACE_CHECK_TIMEOUT
+        )
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise UserError(
+                f"Temporal at {temporal.address} has no namespace {temporal.namespace!r}: "
+                "--temporal-namespace names another (`temporal operator namespace list` lists them)"
+            ) from None
 
 
 class TemporalUnreachable(RuntimeError):
     """Temporal did not answer the connection: said in one line, with the Rust client's error cut to its reason."""
 
     def __init__(self, address: str, error: str) -> None:
-        reason = re.search(r'message: "([^"]+)"', error)
+        reason = re.search(r'message: "([^"]+)"', error) or re.search(r'error: "([^"]+)"', error)
         super().__init__(
             f"cannot reach Temporal at {address}: {reason.group(1) if reason else error}. Is it running "
             "(`make run` starts one)? --temporal-address names another"

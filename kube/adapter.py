@@ -26,6 +26,7 @@ from api import names
 from api.v2alpha1 import Group, Node, NodeClaim
 from kube.errors import Conflict, Gone, Invalid, KubeError, NotFound, Transient, from_api_exception
 from kube.settings import KubeSettings
+from kube.views import JobCause, job_cause, job_pod_selector
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ SLOTS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODES, names.KIND_NODE
 CLAIMS = Resource(names.GROUP, names.VERSION, names.PLURAL_NODECLAIMS, names.KIND_NODECLAIM, True)
 KUBELET_NODES = Resource("", "v1", "nodes", "Node", False)
 JOBS = Resource("batch", "v1", "jobs", "Job", True)
+PODS = Resource("", "v1", "pods", "Pod", True)
 RESOURCES: dict[type[BaseModel], Resource] = {Group: GROUPS, Node: SLOTS, NodeClaim: CLAIMS}
 EVENTS = Resource("", "v1", "events", "Event", True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
@@ -130,6 +132,30 @@ def _parse(model: type[M], obj: JSON) -> M:
         loc = ".".join(str(part) for part in first.get("loc", ()))
         message = f"{model.__name__} {where} does not fit the v2alpha1 schema at {loc}: {first.get('msg', exc)}"
         raise Invalid(message) from exc
+
+
+def config_problem(settings: KubeSettings) -> str:
+    """Why no adapter can be built from `settings` ("" when one can): a kubeconfig that does not load, or lacks
+    the context named. Read before a command starts anything; no request is made."""
+    if settings.server:
+        return ""
+    if settings.kubeconfig is None and k8s_config.incluster_config.SERVICE_HOST_ENV_NAME in os.environ:
+        return ""
+    where = (
+        f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "the kubeconfig ($KUBECONFIG or ~/.kube/config)"
+    )
+    if settings.context:
+        where += f", kube_context {settings.context}"
+    try:
+        k8s_config.load_kube_config(
+            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.context,
+            client_configuration=k8s.Configuration(),
+        )
+    except Exception as err:  # the loader raises ConfigException, OSError, YAML and type errors alike
+        said = " ".join(str(err).split()) or type(err).__name__
+        return f"{where}: {said} (kube_server names an API server instead)"
+    return ""
 
 
 class Kube:
@@ -554,6 +580,16 @@ class Kube:
             return self._get(JOBS, namespace, name)
         except NotFound:
             return None
+
+    def job_cause(self, namespace: str, name: str) -> JobCause:
+        """Why the Job `name` failed: its Pods, listed by the Job's own selector, read by `views.job_cause` (exit
+        code, reason, the termination message trimmed), or what happened when none says it (no Job, no Pod, a Pod
+        that never ended, the Job's activeDeadlineSeconds). Two requests: the Job, then its Pods."""
+        job = self.get_job(namespace, name)
+        if job is None:
+            return job_cause(None, [])
+        pods, _ = self.list_raw(PODS, namespace, job_pod_selector(job))
+        return job_cause(job, pods)
 
     # --- Events ----------------------------------------------------------------------------------------
     def create_event(

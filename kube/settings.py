@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.addresses import check_file, check_url, field_checks
+
 
 class KubeSettings(BaseModel):
     """Where the API server is: a URL, a kubeconfig (and context), or the pod's service account."""
@@ -26,3 +28,5 @@ class KubeSettings(BaseModel):
     timeout_seconds: float = Field(
         10.0, gt=0, le=120, alias="kube_timeout_seconds", description="timeout of one API request"
     )
+
+    _checked = field_checks({"server": check_url, "kubeconfig": check_file})

@@ -12,6 +12,7 @@ import copy
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -165,6 +166,25 @@ def claim_problem(claim: Mapping[str, Any] | None) -> str:
     except ValidationError as err:
         return problem_of(err, "status")
     return pruned_field(claim, NodeClaimSpec)
+
+
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def claim_order(claim: Mapping[str, Any]) -> tuple[datetime, datetime, str]:
+    """Newest last: by spec.requestedAt, then creationTimestamp, then name (the one-live-claim rule's order)."""
+    requested = time_of(spec(claim).get("requestedAt")) or _EPOCH
+    created = time_of(meta(claim).get("creationTimestamp")) or _EPOCH
+    return (requested, created, str(meta(claim).get("name") or ""))
+
+
+def claim_is_live(claim: Mapping[str, Any] | None) -> bool:
+    """A claim resource that wants its slot: no phase yet (read as pending), pending, booting or ready. A phase the
+    API does not define is no want (the group leaves such a claim out: nothing runs it)."""
+    try:
+        return law.is_live(status(claim).get("phase") or None)
+    except ValueError:
+        return False
 
 
 def claim_ttl_seconds(claim: Mapping[str, Any] | None) -> int:
@@ -338,3 +358,152 @@ def template_from_status(slot: str, node_name: str, doc: Any) -> JSON | None:
         "spec": {"taints": [dict(t) for t in doc.get("taints") or []]},
         "status": {"capacity": dict(doc.get("capacity") or {}), "allocatable": dict(doc.get("allocatable") or {})},
     }
+
+
+# --- why a lifecycle Job failed ----------------------------------------------------------------------------
+# A cause keeps the end of a container's termination message (where a script says what went wrong), bounded so
+# it fits a claim's status message and an Event: at most this many lines, then this many characters.
+CAUSE_MESSAGE_LINES = 5
+CAUSE_MESSAGE_CHARS = 400
+# What happened when no container's terminated state says it (the other reasons are Kubernetes' own: a
+# container's terminated or waiting reason, a Pod's status reason).
+CAUSE_JOB_GONE = "JobGone"
+CAUSE_NO_POD = "NoPod"
+CAUSE_NOT_TERMINATED = "NotTerminated"
+CAUSE_DEADLINE = "DeadlineExceeded"
+
+
+@dataclass(frozen=True)
+class JobCause:
+    """Why a lifecycle Job failed, read off its Pods.
+
+    `exit_code` and `reason` are Kubernetes' own words and numbers (a container's exit code and terminated or
+    waiting reason, or one of the `CAUSE_*` when no container said it): they may travel through a workflow
+    history. `message` is the container's termination message (its last words: with `FallbackToLogsOnError` the
+    end of its log), which may hold a script's secrets: it is for the cluster (a claim's status, an Event) and
+    people, never for a history. `pod` is the Pod read ("" when none).
+    """
+
+    reason: str
+    exit_code: int | None = None
+    message: str = ""
+    pod: str = ""
+    signal: int | None = None
+    deadline_seconds: int | None = None
+
+    def summary(self) -> str:
+        """One line for people: `exit code 1 (Error): <message>`, or what happened instead."""
+        if self.reason == CAUSE_JOB_GONE:
+            return "its Job is gone (deleted, or collected after its ttlSecondsAfterFinished)"
+        if self.reason == CAUSE_NO_POD:
+            return "no Pod of its Job is left to say why (see `kubectl describe job`)"
+        head = ""
+        if self.reason == CAUSE_DEADLINE:
+            limit = f" ({self.deadline_seconds} s)" if self.deadline_seconds else ""
+            head = f"ran longer than its activeDeadlineSeconds{limit} and was stopped"
+        if self.exit_code is not None:
+            signal = f", signal {self.signal}" if self.signal else ""
+            said = f"exit code {self.exit_code}{signal}"
+            if self.reason != CAUSE_DEADLINE:
+                said += f" ({self.reason})"
+            head = f"{head}; {said}" if head else said
+        elif self.reason == CAUSE_NOT_TERMINATED:
+            head = head or f"its Pod {self.pod} never ended"
+        elif self.reason != CAUSE_DEADLINE:
+            head = f"{self.reason} (Pod {self.pod})" if self.pod else self.reason
+        return f"{head}: {self.message}" if self.message else head
+
+
+def trimmed_message(text: str) -> str:
+    """The end of a termination message on one line: its last `CAUSE_MESSAGE_LINES` non-empty lines joined by
+    ` | `, at most `CAUSE_MESSAGE_CHARS` characters of their end; a leading `…` says something was cut."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    one = " | ".join(lines[-CAUSE_MESSAGE_LINES:])
+    cut = len(lines) > CAUSE_MESSAGE_LINES
+    if len(one) >= CAUSE_MESSAGE_CHARS:
+        one, cut = one[-(CAUSE_MESSAGE_CHARS - 1) :], True
+    return f"…{one}" if cut else one
+
+
+def job_pod_selector(job: Mapping[str, Any]) -> str:
+    """The label selector of a Job's Pods: its `spec.selector` (the API server generates one matching its uid),
+    else the `batch.kubernetes.io/job-name` label the Job controller puts on them."""
+    selector = spec(job).get("selector")
+    parts: list[str] = []
+    if isinstance(selector, Mapping):
+        for key, value in sorted((selector.get("matchLabels") or {}).items()):
+            parts.append(f"{key}={value}")
+        for expression in selector.get("matchExpressions") or []:
+            key, operator = expression.get("key"), expression.get("operator")
+            values = ",".join(str(v) for v in expression.get("values") or [])
+            parts.append(
+                {"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})", "Exists": str(key)}.get(
+                    str(operator), f"!{key}"
+                )
+            )
+    return ",".join(parts) or f"batch.kubernetes.io/job-name={meta(job).get('name')}"
+
+
+def _created(pod: Mapping[str, Any]) -> tuple[datetime, str]:
+    return time_of(meta(pod).get("creationTimestamp")) or datetime.min.replace(tzinfo=UTC), str(meta(pod).get("name"))
+
+
+def _failed_container(pod: Mapping[str, Any]) -> JSON | None:
+    """The container status that says why the Pod failed: the first that exited non-zero, else one waiting with a
+    reason (an image it cannot pull, a Secret it cannot mount), else the first that ended."""
+    statuses = [s for s in status(pod).get("containerStatuses") or [] if isinstance(s, Mapping)]
+    ended = [s for s in statuses if isinstance((s.get("state") or {}).get("terminated"), Mapping)]
+    for candidate in ended:
+        if candidate["state"]["terminated"].get("exitCode") not in (0, None):
+            return dict(candidate)
+    waiting = [s for s in statuses if ((s.get("state") or {}).get("waiting") or {}).get("reason")]
+    return dict(waiting[0]) if waiting else (dict(ended[0]) if ended else None)
+
+
+def job_cause(job: Mapping[str, Any] | None, pods: list[JSON]) -> JobCause:
+    """Why `job` failed, from its Pods (the ones it controls; the newest that failed speaks, else the newest).
+
+    A Job past its activeDeadlineSeconds says so (its running Pod was deleted: the exit code is a Pod's that had
+    ended before, if any); no Pod left, or one that never ended, is said as such.
+    """
+    if job is None:
+        return JobCause(CAUSE_JOB_GONE)
+    uid = meta(job).get("uid")
+    owned = [
+        p
+        for p in pods
+        if not uid or any(isinstance(r, Mapping) and r.get("uid") == uid for r in meta(p).get("ownerReferences") or [])
+    ]
+    owned.sort(key=_created, reverse=True)
+    deadline = spec(job).get("activeDeadlineSeconds")
+    past_deadline = job_status(str(meta(job).get("name")), job).reason == CAUSE_DEADLINE
+    extra: dict[str, Any] = {"deadline_seconds": deadline if isinstance(deadline, int) else None}
+    speaking = next((p for p in owned if _failed_container(p) is not None), owned[0] if owned else None)
+    if speaking is None:
+        return JobCause(CAUSE_DEADLINE if past_deadline else CAUSE_NO_POD, **extra)
+    pod_name = str(meta(speaking).get("name"))
+    container = _failed_container(speaking)
+    state = (container or {}).get("state") or {}
+    terminated, waiting = state.get("terminated"), state.get("waiting")
+    if isinstance(terminated, Mapping):
+        code = terminated.get("exitCode")
+        signal = terminated.get("signal")
+        return JobCause(
+            CAUSE_DEADLINE if past_deadline else str(terminated.get("reason") or "Error"),
+            exit_code=code if isinstance(code, int) else None,
+            message=trimmed_message(str(terminated.get("message") or "")),
+            pod=pod_name,
+            signal=signal if isinstance(signal, int) and signal else None,
+            **extra,
+        )
+    if past_deadline:
+        return JobCause(CAUSE_DEADLINE, pod=pod_name, **extra)
+    if isinstance(waiting, Mapping):
+        message = trimmed_message(str(waiting.get("message") or ""))
+        return JobCause(str(waiting.get("reason")), message=message, pod=pod_name, **extra)
+    pod_reason = str(status(speaking).get("reason") or "")
+    if pod_reason:  # the Pod itself failed: Evicted, its own DeadlineExceeded...
+        message = trimmed_message(str(status(speaking).get("message") or ""))
+        return JobCause(pod_reason, message=message, pod=pod_name, **extra)
+    return JobCause(CAUSE_NOT_TERMINATED, pod=pod_name, **extra)

@@ -117,7 +117,10 @@ class Watch:
         out: list[WatchEvent] = []
         try:
             if not self.resource_version:
-                out += self._relist()
+                # A fresh list is the state now; there is nothing to follow yet. A real API server reads a watch's
+                # `timeoutSeconds=0` as "none given" and holds the stream open for its default 30-60 minutes, so
+                # following here would block the first sync (the emulator answers 0 with the backlog at once).
+                return list(self._relist())
             saved, self.window = self.window, 0
             try:
                 out += self._follow()

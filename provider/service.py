@@ -33,7 +33,7 @@ from provider.catalog import Catalog, GroupInfo, SlotInfo
 from provider.groups import GroupGateway
 from provider.metrics import CallMetrics
 from provider.settings import ProviderSettings
-from provider.template import node_bytes
+from provider.template import declared_template, node_bytes
 
 log = logging.getLogger(__name__)
 
@@ -428,12 +428,15 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
     ) -> pb.NodeGroupTemplateNodeInfoResponse:
         group = await self.group(request.id)
         snap = await self.groups.snapshot(self.ref(group), self.budget(context))
-        template = snap.get("template")
+        # A machine seen wins over what the Group declares (it is what the kubelet really reports).
+        template = snap.get("template") or declared_template(group.spec)
         if not template:
-            # No machine of the group has registered yet, so nothing is known of its capacity. UNIMPLEMENTED is
-            # the one code cluster-autoscaler reads as "no template" (any other aborts its whole loop).
+            # No machine of the group has registered yet and the Group declares no capacity, so nothing is known
+            # of it. UNIMPLEMENTED is the one code cluster-autoscaler reads as "no template" (any other aborts its
+            # whole loop).
             raise e.unimplemented(
-                f"group {group.name}: no template node yet: none of its machines has registered a Node"
+                f"group {group.name}: no template node yet: none of its machines has registered a Node "
+                "(set spec.nodeCapacity to scale a new group up from zero)"
             )
         return pb.NodeGroupTemplateNodeInfoResponse(nodeBytes=node_bytes(group.name, template, group.spec))
 

@@ -13,6 +13,8 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from api.addresses import check_file, check_host_port, check_label_key, check_label_value, each, field_checks
+
 DEFAULT_ADDRESS = "127.0.0.1:8086"
 DEFAULT_NAMESPACE = "homelab-autoscaler-system"
 # The label NVIDIA's GPU feature discovery puts on a node with the GPU's product name.
@@ -39,6 +41,13 @@ def host_of(address: str) -> str:
         return address[1 : address.index("]")] if "]" in address else address
     host, _, _port = address.rpartition(":")
     return host
+
+
+def check_listen_address(address: str) -> str:
+    """What the gRPC server can listen on: `host:port`, `[v6]:port`, `:port` (every interface) or `unix:path`."""
+    if not address.startswith("unix:"):
+        check_host_port(address, empty_host=True)
+    return address
 
 
 def is_loopback(address: str) -> bool:
@@ -77,6 +86,17 @@ class ProviderSettings(BaseModel):
         ge=0,
         description="how long a listing of Groups and slots, and a group workflow's answers, are reused between "
         "Refresh calls (a write to a group drops its answers at once)",
+    )
+
+    _checked = field_checks(
+        {
+            "address": check_listen_address,
+            "tls_cert": check_file,
+            "tls_key": check_file,
+            "tls_ca": check_file,
+            "gpu_label": check_label_key,
+            "gpu_types": each(check_label_value),
+        }
     )
 
     @model_validator(mode="after")

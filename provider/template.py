@@ -43,6 +43,17 @@ _SYSTEM_INFO = (
 _MACHINE_INFO = ("machineID", "systemUUID", "bootID")
 
 
+def declared_template(spec: GroupSpec) -> dict[str, Any] | None:
+    """The template of a group none of whose machines has registered yet, from its declared `nodeCapacity`.
+
+    Without one, cluster-autoscaler has nothing to plan a scale-up from zero with and never picks the group.
+    """
+    if not spec.node_capacity:
+        return None
+    capacity = dict(spec.node_capacity)
+    return {"metadata": {"labels": {}}, "spec": {}, "status": {"capacity": capacity, "allocatable": capacity}}
+
+
 def template_name(group: str) -> str:
     return f"{group}-template"
 

@@ -13,6 +13,12 @@ role's /readyz must fail meanwhile), wipes Temporal's database `--wipes` times (
 again: every workflow is lost, the cluster keeps the record), and applies bad objects mid-run. The homelab's pod
 specs and Secret names carry marker values that must never reach a workflow history or a log line.
 
+The admission webhook is registered as deploy/components/admission registers it (failurePolicy Fail), served by the
+provider process (so it dies with every kill of the provider), and the roles speak with the operator's
+ServiceAccount token: the emulator calls the webhook as kube-apiserver does. A person keeps applying a second claim
+on a busy slot (a server-side dry run, so nothing is stored): each must be refused, naming the slot and its live
+claim, or refused because the webhook is down; and no write of the operator's may ever reach the webhook.
+
 After the lifecycles, quiet: faults off, nothing killed, everything settles; then the checks, printed as a table:
 every violation count must be 0 (the claim resources are checked against their Events and their machines, and
 their finalizers throughout the run). A failing seed reruns the same schedule (`--seed`); process timing is real,
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -32,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,9 +64,13 @@ from proto import externalgrpc_pb2_grpc as pb_grpc
 from tests import records
 from tests.lab import history_text
 from tests.procs import BIN, ROOT, free_port, port_open, wait_for
+from tests.realcluster import pki
 
 NS = "homelab-autoscaler-system"
 GROUP = "workers"
+OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
+PERSON = "chaos-person"
+WEBHOOK_REGISTRATION = ROOT / "deploy" / "components" / "admission" / "webhook.yaml"
 ROLES = ("worker", "provider", "watch")
 LIVE = ("pending", "booting", "ready")
 SETTLE_TIMEOUT = 600.0  # real seconds the quiet spell may take before the checks run anyway
@@ -144,6 +157,7 @@ class Report:
     stats: dict[str, int] = field(default_factory=dict)
     outage: dict[str, Any] = field(default_factory=dict)
     violations: dict[str, list[str]] = field(default_factory=dict)
+    hand_claims: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     wipes: int = 0
     taken_over: int = 0  # claims whose workflow was lost and that a new run took over (their ClaimTakenOver Events)
@@ -163,6 +177,9 @@ class Report:
         "claim finalizers let go before the terminal record",
         "claim records that disagree with their machines",
         "tracebacks in the roles' logs",
+        "operator writes sent to the admission webhook",
+        "second live claims admitted on a busy slot",
+        "refusals not naming the slot and its live claim",
     )
 
     @property
@@ -179,6 +196,7 @@ class Report:
             f"cluster: {faults}; claims taken over after a lost workflow: {self.taken_over}",
             f"during the outage: provider answered {dict(self.outage.get('codes', {}))},"
             f" /readyz answered {dict(self.outage.get('readyz', {}))}",
+            f"second claims by hand on busy slots: {dict(sorted(self.hand_claims.items())) or 'none'}",
             "",
             "| check | violations |",
             "|---|---|",
@@ -196,7 +214,8 @@ class Chaos:
         self.dir = workdir
         self.rng = random.Random(plan.seed)
         self.report = Report(plan)
-        self.kube_port, self.provider_port = free_port(), free_port()
+        self.kube_port, self.provider_port, self.webhook_port = free_port(), free_port(), free_port()
+        self.tokens = {"operator": f"operator-{plan.seed:x}", "person": f"person-{plan.seed:x}"}
         self.health = {role: free_port() for role in ROLES}
         self.temporal = DevServer(
             ip="127.0.0.1",
@@ -257,14 +276,33 @@ class Chaos:
         path.write_text(yaml.safe_dump(doc))
         return path
 
+    def kubeconfig(self) -> Path:
+        """The operator's ServiceAccount token, as a pod would hold it, for the simulated homelab's API server."""
+        path = self.dir / "operator.kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "sim",
+            "clusters": [{"name": "sim", "cluster": {"server": f"http://127.0.0.1:{self.kube_port}"}}],
+            "users": [{"name": "operator", "user": {"token": self.tokens["operator"]}}],
+            "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "operator"}}],
+        }))  # fmt: skip
+        return path
+
+    def webhook_args(self) -> list[str]:
+        """The admission webhook on loopback, with a certificate of a CA made for the run (cert-manager's, in a
+        cluster); the CA goes to the registration's caBundle."""
+        self.ca = pki.Authority(self.dir / "pki")
+        pair = self.ca.issue("webhook", "homelab-autoscaler-webhook", server=True, ips=("127.0.0.1",))
+        return ["--webhook-address", f"127.0.0.1:{self.webhook_port}", "--webhook-tls-cert", str(pair.cert),
+                "--webhook-tls-key", str(pair.key)]  # fmt: skip
+
     def role(self, role: str) -> Proc:
         args = [
             str(BIN / "homelab-autoscaler"),
             role,
             "--temporal-address",
             self.temporal.address,
-            "--kube-server",
-            f"http://127.0.0.1:{self.kube_port}",
+            "--kubeconfig",
+            str(self.kubeconfig()),
             "--kube-timeout-seconds",
             "5",
             "--metrics-address",
@@ -275,7 +313,7 @@ class Chaos:
         if role in ("provider", "watch"):
             args += ["--namespaces", NS]
         if role == "provider":
-            args += ["--provider-address", f"127.0.0.1:{self.provider_port}"]
+            args += ["--provider-address", f"127.0.0.1:{self.provider_port}", *self.webhook_args()]
         if role == "watch":
             args += ["--lease-namespace", NS, "--lease-duration-seconds", "6", "--lease-renew-seconds", "2"]
         return Proc(role, args, self.dir / f"{role}.log")
@@ -299,6 +337,10 @@ class Chaos:
             "20",
             "--compact-every",
             "45",
+            "--user",
+            f"{self.tokens['operator']}={OPERATOR_USER}",
+            "--user",
+            f"{self.tokens['person']}={PERSON}",
         ]
         return Proc("sim", args, self.dir / "sim.log")
 
@@ -312,6 +354,7 @@ class Chaos:
         for role in ROLES:
             self.procs[role] = self.role(role)
             self.procs[role].start()
+        self.register_webhook()
         wait_for(lambda: port_open(self.provider_port), timeout=60, what="the provider")
         self.client = await Client.connect(self.temporal.address, data_converter=DATA_CONVERTER)
         try:
@@ -322,6 +365,7 @@ class Chaos:
                     asyncio.create_task(self.supervise()),
                     self.killing,
                     asyncio.create_task(self.bad_objects()),
+                    asyncio.create_task(self.hand_claims()),
                 ]
                 try:
                     await self.autoscaler(began)
@@ -349,6 +393,78 @@ class Chaos:
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             return dict(json.loads(resp.read()))
+
+    def as_person(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """A request to the API server as a person (not the operator), and its answer."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.kube_port}{path}", data=json.dumps(body).encode(), method=method,
+            headers={"Authorization": f"Bearer {self.tokens['person']}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return int(resp.status), dict(json.loads(resp.read()))
+        except urllib.error.HTTPError as err:
+            return int(err.code), dict(json.loads(err.read() or b"{}"))
+
+    def register_webhook(self) -> None:
+        """deploy/'s registration, its Service reference a loopback URL (no Service routes here), as a person
+        applies it (through the API faults, so again until it lands)."""
+        (doc,) = [d for d in yaml.safe_load_all(WEBHOOK_REGISTRATION.read_text())
+                  if d and d["kind"] == "ValidatingWebhookConfiguration"]  # fmt: skip
+        doc["metadata"].pop("annotations", None)
+        hook = doc["webhooks"][0]
+        hook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{self.webhook_port}{hook['clientConfig']['service']['path']}",
+            "caBundle": base64.b64encode(self.ca.cert.read_bytes()).decode(),
+        }
+        path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+        for _ in range(20):
+            code, answer = self.as_person("POST", path, doc)
+            if code == 201 or answer.get("reason") == "AlreadyExists":  # a fault's 409 is a Conflict
+                return
+            time.sleep(0.5)
+        raise RuntimeError("the admission webhook could not be registered")
+
+    async def hand_claims(self) -> None:
+        """A person applies a second claim on a busy slot every few seconds (a server-side dry run: nothing is
+        stored). The claim seen live before and after the request was live throughout: it must be refused."""
+        path = f"/apis/infra.homecluster.dev/v2alpha1/namespaces/{NS}/nodeclaims?dryRun=All"
+        for attempt in itertools.count():
+            await asyncio.sleep(self.rng.uniform(2.0, 6.0))
+            with contextlib.suppress(OSError):
+                before = await asyncio.to_thread(self.state)
+                busy = sorted({(cl["slot"], cl["name"]) for cl in before["claims"] if cl["phase"] in LIVE})
+                if not busy:
+                    continue
+                slot, owner = self.rng.choice(busy)
+                body = {"apiVersion": "infra.homecluster.dev/v2alpha1", "kind": "NodeClaim",
+                        "metadata": {"name": f"by-hand-{attempt}", "namespace": NS},
+                        "spec": {"node": slot, "group": GROUP}}  # fmt: skip
+                code, answer = await asyncio.to_thread(self.as_person, "POST", path, body)
+                after = await asyncio.to_thread(self.state)
+                still = any(cl["name"] == owner and cl["phase"] in LIVE for cl in after["claims"])
+                self.judge_hand_claim(slot, owner, still, code, str(answer.get("message") or ""))
+
+    def judge_hand_claim(self, slot: str, owner: str, still: bool, code: int, message: str) -> None:
+        v = self.report.violations
+        if code == 403:
+            self.report.hand_claims["refused"] += 1
+            if f'live claim on slot "{slot}": "' not in message or " is live there (" not in message:
+                v.setdefault("refusals not naming the slot and its live claim", []).append(message[:200])
+        elif code == 500 and "failed calling webhook" in message:
+            self.report.hand_claims["refused, the webhook down"] += 1
+        elif code == 503 and "cannot check slot" in message:
+            self.report.hand_claims["refused, the claims unreadable"] += 1
+        elif 200 <= code < 300:
+            if still:
+                v.setdefault("second live claims admitted on a busy slot", []).append(f"{slot} (live: {owner})")
+            self.report.hand_claims["admitted, the slot freed meanwhile" if not still else "admitted"] += 1
+        else:
+            self.report.hand_claims[f"API fault {code}"] += 1
+
+    def webhook_calls(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.kube_port}/_sim/webhook-calls", timeout=10) as resp:
+            return list(json.loads(resp.read())["calls"])
 
     async def call(self, method: Any, request: Any) -> tuple[grpc.StatusCode, Any]:
         try:
@@ -582,6 +698,14 @@ class Chaos:
             for claim in resources
             if records.name(claim) not in UNRUNNABLE
             for problem in records.record_disagreements(claim, machines.get(claim["spec"].get("node"), {}).get("power"))
+        ]
+
+        # The person's claims are the only writes the registration may send: the operator's (its token names its
+        # ServiceAccount) never, nor anything anonymous (a role that lost its identity would show up here).
+        v["operator writes sent to the admission webhook"] = [
+            f"{call['user']}: {call['operation']} {call['resource']} {call['name']}: {call['outcome']}"
+            for call in await asyncio.to_thread(self.webhook_calls)
+            if call["user"] != PERSON
         ]
 
     def tracebacks(self) -> list[str]:

@@ -62,11 +62,14 @@ def examples() -> dict[str, list[dict[str, Any]]]:
 # Every `EmulatorServer` a test starts (directly, through the `emulator` fixture, or inside a HomelabServer)
 # is remembered; after the test, the requests it received are added to `RBAC_USAGE`. tests/test_rbac.py
 # checks that set against deploy/rbac in a test that runs after every other one (see
-# `pytest_collection_modifyitems`). Modules whose requests do not come from the operator are left out.
+# `pytest_collection_modifyitems`). Modules whose requests do not come from the operator are left out, and so are
+# requests a test makes as someone else (a bearer token naming another user: a person applying a claim by hand).
+OPERATOR_USERS = {"system:anonymous", "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"}
 
 RBAC_NOT_THE_OPERATOR = {
     "test_emulator.py": "drives the emulator with raw clients to test the emulator itself",
     "test_emulator_strict.py": "drives the emulator with raw clients to test its strict mode",
+    "test_emulator_webhooks.py": "drives the emulator with raw clients to test its admission webhooks",
     "test_homelab.py": "drives the simulated homelab with raw clients (kubelets, Jobs) to test the simulation",
     "test_kube_adapter.py": "unit tests of every adapter method, including ones no role of the operator calls",
 }
@@ -115,7 +118,7 @@ def _record_rbac_usage(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
         emulator = server._emulator  # still readable after stop()
         if emulator is None:
             continue
-        for use in uses_of(list(emulator.requests)):
+        for use in uses_of([r for r in list(emulator.requests) if r.user.username in OPERATOR_USERS]):
             RBAC_USAGE.setdefault(use, request.node.nodeid)
 
 

@@ -443,9 +443,14 @@ class Model:
         if two:
             raise self.violation(f"two live claims on slots {two}: {sorted(live)}")
         wanted = sum(1 for s in live.values() if not s["marked"])
+        # A failed claim's errored instance stays in the target until cluster-autoscaler deletes it (the group's
+        # `target-counts-errored-instances`, issue 21): the target is the unmarked live claims and those.
+        errored = sum(1 for i in await self.lab.group().query(GroupWorkflow.instances) if i.error_code)
         target = await self.lab.group().query(GroupWorkflow.target_size)
-        if wanted != target:
-            raise self.violation(f"the group's target is {target}, but {wanted} live claims are unmarked")
+        if wanted + errored != target:
+            raise self.violation(
+                f"the group's target is {target}, but {wanted} live claims are unmarked and {errored} instances errored"
+            )
         if self.claim_faults_active():
             return  # a projection may be held back by the fault; checked again once it is gone
         resources = self.resources()

@@ -344,7 +344,10 @@ def test_startup_job_for_a_claim(cluster: EmulatorServer, acts: KubeActivities) 
     ]
     spec = job["spec"]
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (0, 300, 600)
-    assert spec["template"]["metadata"]["labels"] == job["metadata"]["labels"]
+    uid = job["metadata"]["uid"]
+    generated = {"job-name": "c1-startup", "batch.kubernetes.io/job-name": "c1-startup", "controller-uid": uid,
+                 "batch.kubernetes.io/controller-uid": uid}  # the API server's, for the Job's Pods  # fmt: skip
+    assert spec["template"]["metadata"]["labels"] == {**job["metadata"]["labels"], **generated}
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     container = container_of(job)
     assert container["name"] == "power"
@@ -755,6 +758,20 @@ def test_build_job_carries_the_pod_fields_a_power_job_needs(examples: dict[str, 
     )
     plain = build_job(Node.model_validate(raw), "shutdown", "w-shutdown", "", "")["spec"]["template"]["spec"]
     assert "hostNetwork" not in plain and "dnsPolicy" not in plain, "unset: the pod network and Kubernetes' DNS"
+
+
+def test_a_power_container_falls_back_to_its_log_for_last_words_unless_told(examples: dict[str, list[Obj]]) -> None:
+    """A script that fails without writing /dev/termination-log still says why: the end of its log becomes its
+    terminated state's message (`FallbackToLogsOnError`), unless the slot asks for the kubelet's `File`."""
+    raw = examples["nodes"][0]
+    raw["metadata"]["uid"] = "slot-uid"
+    job = build_job(Node.model_validate(raw), "startup", "w-startup", "", "")
+    assert container_of(job)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    raw["spec"]["startupPodSpec"]["terminationMessagePolicy"] = "File"
+    job = build_job(Node.model_validate(raw), "startup", "w-startup", "", "")
+    assert container_of(job)["terminationMessagePolicy"] == "File"
+    raw["spec"]["startupPodSpec"]["terminationMessagePolicy"] = "Always"
+    assert "terminationMessagePolicy" in views.slot_problem(raw)
 
 
 def test_a_dns_policy_the_template_cannot_serve_is_refused_by_name(examples: dict[str, list[Obj]]) -> None:

@@ -205,6 +205,7 @@ def test_group_round_trip() -> None:
             "nodeTaints": [{"key": "homelab", "value": "true", "effect": "PreferNoSchedule"}],
             "powerOffNodePolicy": "Keep",
             "nodeLabels": {"pool": "workers"},
+            "nodeCapacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
         },
         "status": {
             "slots": 3,

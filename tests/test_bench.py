@@ -33,6 +33,10 @@ ROWS = (
     "P4 history events",
     "P4 API writes per claim phase move",
     "P4 API writes in an idle minute",
+    "P1 staggered",
+    "P2 Temporal server CPU per claim",
+    "P5 idle footprint",
+    "Workflow tasks timed out",
 )
 
 
@@ -40,7 +44,8 @@ ROWS = (
 def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = [sys.executable, "-m", "bench", "--p1-claims", "2", "--p2-slots", "2", "--p3-groups", "2",
-            "--p3-slots", "2", "--p3-calls", "5", "--idle-seconds", "6", "--json", str(out)]  # fmt: skip
+            "--p3-slots", "2", "--p3-calls", "5", "--idle-seconds", "6", "--p1-boot-spread", "1,3",
+            "--p5-slots", "2", "--json", str(out)]  # fmt: skip
     with subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         try:
             stdout, _ = proc.communicate(timeout=150)
@@ -49,15 +54,15 @@ def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
             stdout, _ = proc.communicate(timeout=60)
             raise AssertionError(f"the bench did not finish within 150 s:\n{stdout[-3000:]}") from None
     assert proc.returncode == 0, stdout[-5000:]
-    table = [line for line in stdout.splitlines() if line.startswith("| P")]
+    table = [line for line in stdout.splitlines() if line.startswith(("| P", "| Workflow"))]
     for name in ROWS:
         rows = [line for line in table if line.startswith(f"| {name}")]
-        assert len(rows) == (2 if name == "P1 reaction" else 1), (name, stdout)
+        assert len(rows) == (2 if name in ("P1 reaction", "P1 staggered") else 1), (name, stdout)
         for row in rows:
             ratio = row.split(" | ")[3]
             assert math.isfinite(float(ratio)) and float(ratio) >= 0, row
     doc = json.loads(out.read_text())
-    assert len(doc["rows"]) == len(ROWS) + 1
+    assert len(doc["rows"]) == len(ROWS) + 2
     assert all(math.isfinite(r["ratio"]) for r in doc["rows"])
     assert {"temporal dev server", "operator (p1)", "operator (p2)", "operator (p3)", "operator (p4)"} <= set(
         doc["peak_rss_mb"]

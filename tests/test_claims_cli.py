@@ -191,5 +191,15 @@ def test_claims_commands_bind_no_port_and_say_an_unknown_claim_in_one_line(tmp_p
             err = unknown.stderr.strip()
             assert err.count("\n") == 0 and "Traceback" not in err, err
             assert "nope-123" in err and "claims list" in err, err
+            by_id = claims(command, "nodeclaim/elsewhere/nope-123", "--temporal-address", server.address)
+            assert by_id.returncode == 2 and "nope-123 in namespace elsewhere" in by_id.stderr, by_id.stderr
+        # A namespace Temporal does not have is a setting's mistake: one line naming it (it was 69 lines of SDK).
+        for args in (["list"], ["show", "c1"], ["reset-shutdown-streak", "c1"]):
+            wrong = claims(*args, "--temporal-address", server.address, "--temporal-namespace", "nosuchns")
+            assert wrong.returncode == 2, wrong.stderr
+            assert wrong.stderr.count("\n") == 1 and "Traceback" not in wrong.stderr, wrong.stderr
+            assert "no namespace 'nosuchns'" in wrong.stderr and "--temporal-namespace" in wrong.stderr, wrong.stderr
+        not_a_claim = claims("show", "group/ns/workers", "--temporal-address", server.address)
+        assert not_a_claim.returncode == 2 and "is no claim" in not_a_claim.stderr, not_a_claim.stderr
     down = claims("list", "--temporal-address", f"127.0.0.1:{free_port()}")
     assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach Temporal" in down.stderr

@@ -14,8 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from homelab_autoscaler import roles
-from homelab_autoscaler.cli import ALL_SETTINGS, CLAIMS_SECTIONS, load_settings, main, section_settings
+from homelab_autoscaler import autoscaler, cli, roles
+from homelab_autoscaler.cli import (
+    ALL_SETTINGS,
+    CLAIMS_SECTIONS,
+    ENV_PREFIX,
+    build_cli,
+    load_settings,
+    main,
+    section_settings,
+)
 from homelab_autoscaler.settings import LoggingSettings, MetricsSettings, NamespaceSettings
 from kube.settings import KubeSettings
 from provider.settings import ProviderSettings
@@ -284,3 +292,161 @@ def test_a_bad_homelab_file_is_one_line(text: str | None, says: str, tmp_path: P
     assert err.count("\n") == 0 and "Traceback" not in err, err
     assert f"--homelab {homelab}" in err and says in err and "deploy/examples/homelab.yaml" in err, err
     assert (state / "homelab-autoscaler" / "temporal-simulated.db").exists(), "nothing deleted"
+
+
+# --- every setting of every command, a bad value each: one line, exit 2, nothing started (issue 23) ----------
+# One representative mistake per setting. A new setting without one fails the first test below.
+BAD_VALUES: dict[str, str] = {
+    "temporal_address": "nonsense",
+    "temporal_namespace": "",
+    "temporal_tls_ca": "/nonexistent/ca.pem",
+    "temporal_tls_cert": "/nonexistent/client.pem",
+    "temporal_tls_key": "/nonexistent/client.key",
+    "temporal_tls_server_name": "not a host",
+    "temporal_api_key": "two words",
+    "task_queue": "",
+    "kube_server": "nonsense",
+    "kubeconfig": "/nonexistent/kubeconfig",
+    "kube_context": "no-such-context",
+    "kube_timeout_seconds": "soon",
+    "namespaces": "Not_A_Namespace",
+    "activity_threads": "0",
+    "task_pollers": "0",
+    "provider_address": "nonsense",
+    "tls_cert": "/nonexistent/server.pem",
+    "tls_key": "/nonexistent/server.key",
+    "tls_ca": "/nonexistent/ca.pem",
+    "insecure": "maybe",
+    "gpu_label": "not a label",
+    "gpu_types": "not a label value",
+    "pricing_window_seconds": "0",
+    "rpc_timeout_seconds": "60",
+    "catalog_ttl_seconds": "-1",
+    "webhook_address": "nonsense",
+    "webhook_tls_cert": "/nonexistent/webhook.pem",
+    "webhook_tls_key": "/nonexistent/webhook.key",
+    "lease_namespace": "Not_A_Namespace",
+    "lease_name": "Not_A_Name",
+    "lease_duration_seconds": "0",
+    "lease_renew_seconds": "0",
+    "identity": "",
+    "watch_window_seconds": "0",
+    "resync_seconds": "0",
+    "temporal_ip": "nonsense",
+    "temporal_port": "0",
+    "ui_port": "0",
+    "temporal_db": "/nonexistent/temporal.db",
+    "simulate": "maybe",
+    "homelab": "/nonexistent/homelab.yaml",
+    "kube_port": "-1",
+    "time_scale": "-2",
+    "demo": "maybe",
+    "health_host": "not a host",
+    "health_port": "99999",
+    "metrics_address": "bogus",
+    "log_level": "LOUD",
+    "log_format": "xml",
+}
+SETTINGS_COMMANDS: list[tuple[list[str], tuple[str, ...]]] = [
+    *[([name], command.sections) for name, command in roles.ROLES.items()],
+    (["dev"], roles.DEV_SECTIONS),
+    *[(["claims", name, "some-claim"] if name != "list" else ["claims", name], CLAIMS_SECTIONS)
+      for name in ("list", "show", "reset-shutdown-streak")],
+]  # fmt: skip
+EVERY_BAD_SETTING = [
+    (argv, setting.name) for argv, sections in SETTINGS_COMMANDS for section in sections
+    for setting in section_settings(section)
+]  # fmt: skip
+
+
+def test_every_setting_has_a_representative_bad_value() -> None:
+    assert set(BAD_VALUES) == set(ALL_SETTINGS), "give the new setting a bad value here"
+    assert {name for _, name in EVERY_BAD_SETTING} == set(ALL_SETTINGS), "every setting is some command's"
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """What reached the point where a command starts things (`_finish` runs roles and clients; `autoscaler.main`
+    dials the provider): none may. A clean environment: no settings, no kubeconfig, no pod."""
+    started: list[str] = []
+    monkeypatch.setattr(cli, "_finish", lambda command, _run: started.append(command))
+
+    def dial(*_: object) -> int:
+        started.append("autoscaler")
+        return 0
+
+    monkeypatch.setattr(autoscaler, "main", dial)
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX) or key in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return started
+
+
+@pytest.mark.parametrize("command", ["run", "provider", "dev"])
+def test_a_webhook_without_its_certificate_stops_in_one_line(
+    command: str, nothing_starts: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An API server calls a webhook over HTTPS only: an address alone, or a certificate without its key, is a
+    mistake of the settings, found before anything starts."""
+    assert main([command, "--webhook-address", "127.0.0.1:9443"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "webhook_address needs webhook_tls_cert and webhook_tls_key" in err, err
+    cert = tmp_path / "tls.crt"
+    cert.write_text("not checked before the key is given")
+    assert main([command, "--webhook-tls-cert", str(cert)]) == 2
+    assert "webhook_tls_cert and webhook_tls_key go together" in capsys.readouterr().err
+    assert not nothing_starts
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"), EVERY_BAD_SETTING, ids=[f"{' '.join(a[:2])}-{n}" for a, n in EVERY_BAD_SETTING]
+)
+def test_a_bad_value_of_any_setting_stops_any_command_in_one_line_before_anything_starts(
+    argv: list[str],
+    name: str,
+    nothing_starts: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    setting = ALL_SETTINGS[name]
+    if setting.is_bool:  # a switch's flag takes no value: a bad one comes from the environment (or the file)
+        monkeypatch.setenv(setting.env, BAD_VALUES[name])
+        args = argv
+    else:
+        args = [*argv, setting.flag, BAD_VALUES[name]]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and err.count("\n") == 0 and "Traceback" not in err, err
+    assert setting.name in err or setting.flag in err, err
+    assert not nothing_starts
+
+
+AUTOSCALER_BAD = {
+    "provider_address": "nonsense",
+    "tls_cert": "/nonexistent/client.pem",
+    "tls_key": "/nonexistent/client.key",
+    "tls_ca": "/nonexistent/ca.pem",
+    "server_name": "not a host",
+    "timeout": "-1",
+}
+
+
+@pytest.mark.parametrize("name", sorted(AUTOSCALER_BAD))
+def test_a_bad_autoscaler_option_stops_it_in_one_line_before_any_call(
+    name: str, nothing_starts: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = build_cli().commands["autoscaler"]
+    assert {p.name for p in group.params if p.name != "help"} == set(AUTOSCALER_BAD), "a new option needs a case"
+    flag = "--" + name.replace("_", "-")
+    assert main(["autoscaler", flag, AUTOSCALER_BAD[name], "target-size", "workers"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and flag in err and not nothing_starts, err
+
+
+def test_an_autoscaler_call_that_reaches_nothing_says_where_it_looked_and_which_flag() -> None:
+    port = free_port()
+    done = subprocess.run([CLI, "autoscaler", "--provider-address", f"127.0.0.1:{port}", "increase", "workers", "1"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"cannot reach the provider at 127.0.0.1:{port}" in done.stderr and "--provider-address" in done.stderr

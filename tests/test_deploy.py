@@ -662,3 +662,79 @@ def test_the_kind_install_runs_this_checkout_on_the_control_plane_with_short_sca
     assert len(flags) == len([a for a in args if "=" in a]), "a flag is given twice"
     assert flags["scale-down-unneeded-time"] == "1m" and flags["max-node-provision-time"] == "10m"
     assert flags["cloud-provider"] == "externalgrpc"
+
+
+# --- the admission webhook (components/admission, in the mTLS install) ------------------------------------------------
+def _env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def _check_webhook_install(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The registration reaches the pods that serve it, over a certificate the API server accepts, and spares the
+    ServiceAccount deploy/rbac binds. Returns the Deployment that serves it."""
+    from admission.review import WEBHOOK_NAME, WEBHOOK_PATH
+
+    (vwc,) = objects_of("ValidatingWebhookConfiguration", docs)
+    (hook,) = vwc["webhooks"]
+    assert hook["name"] == WEBHOOK_NAME and hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    assert {op for rule in hook["rules"] for op in rule["operations"]} == {"CREATE", "UPDATE"}, "never a DELETE"
+    assert hook["timeoutSeconds"] <= 10
+    ref = hook["clientConfig"]["service"]
+    assert ref["path"] == WEBHOOK_PATH
+    (svc,) = [s for s in objects_of("Service", docs) if s["metadata"]["name"] == ref["name"]]
+    assert svc["metadata"]["namespace"] == ref["namespace"]
+    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == ref["port"]]
+    serving = [d for d in objects_of("Deployment", docs)
+               if svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+    assert len(serving) == 1, "the webhook's Service selects the pods of one Deployment"
+    (dep,) = serving
+    (container,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "homelab-autoscaler"]
+    env = _env_of(container)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[port["targetPort"]] == int(env["HOMELAB_AUTOSCALER_WEBHOOK_ADDRESS"].rsplit(":", 1)[1])
+    # The certificate: the API server checks <service>.<namespace>.svc against it; cert-manager injects its CA.
+    certs = {c["metadata"]["name"]: c for c in objects_of("Certificate", docs)}
+    namespace, _, cert_name = vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].partition("/")
+    cert = certs[cert_name]
+    assert (
+        namespace == cert["metadata"]["namespace"]
+        and f"{ref['name']}.{ref['namespace']}.svc" in cert["spec"]["dnsNames"]
+    )
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    for variable in ("HOMELAB_AUTOSCALER_WEBHOOK_TLS_CERT", "HOMELAB_AUTOSCALER_WEBHOOK_TLS_KEY"):
+        volume = volumes[mounts[str(Path(env[variable]).parent)]]
+        assert volume["secret"]["secretName"] == cert["spec"]["secretName"], variable
+    # The operator's own writes are never sent: the user spared is the ServiceAccount deploy/rbac binds.
+    (binding,) = [b for b in objects_of("ClusterRoleBinding", docs) if b["metadata"]["name"] == "homelab-autoscaler"]
+    (subject,) = binding["subjects"]
+    user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    (spared,) = [c["expression"] for c in hook["matchConditions"] if c["name"] == "not-the-operator"]
+    assert spared == f"request.userInfo.username != '{user}'"
+    return dep
+
+
+@needs_kubectl
+def test_the_mtls_install_registers_the_admission_webhook_and_serves_it_from_the_operator() -> None:
+    dep = _check_webhook_install(render("overlays/homelab-mtls"))
+    assert dep["metadata"]["name"] == "homelab-autoscaler"
+    assert not objects_of("ValidatingWebhookConfiguration", render("overlays/homelab")), "no certificate, no webhook"
+
+
+@needs_kubectl
+def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_path: Path) -> None:
+    """components/admission patches the Deployment that serves the provider; with split listed first, that is the
+    provider's own, and the worker and watchers serve nothing the API server calls."""
+    deploy = _deploy_dir()
+    components = [os.path.relpath(deploy / "components" / c, tmp_path) for c in ("split", "cert-manager", "admission")]
+    kustomization = yaml.safe_dump({
+        "namespace": "homelab-autoscaler-system",
+        "resources": [os.path.relpath(deploy / "overlays" / "homelab", tmp_path)],
+        "components": components,
+    })  # fmt: skip
+    docs = _render_overlay(tmp_path, kustomization)
+    dep = _check_webhook_install(docs)
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == ["provider"]
+    others = [d for d in objects_of("Deployment", docs) if d is not dep and d["metadata"]["name"].startswith("homelab")]
+    envs = [_env_of(d["spec"]["template"]["spec"]["containers"][0]) for d in others]
+    assert envs and not any("HOMELAB_AUTOSCALER_WEBHOOK_ADDRESS" in env for env in envs)

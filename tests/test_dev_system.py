@@ -68,11 +68,12 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
 
         wait_for(lambda: run([*ca, "node-groups"]).returncode == 0, timeout=30, what="NodeGroups to answer")
         up = run([*ca, "increase", "workers", "2"])
-        assert up.returncode == 0 and up.stdout.strip() == "2", up.stderr
+        assert up.returncode == 0 and up.stdout.strip() == "workers: asked for 2 more; target now 2 (was 0)", up.stderr
         wait_for(lambda: nodes().count("running") == 2, timeout=60, what="two machines running")
 
         down = run([*ca, "delete-nodes", "workers", "homelab://homelab-autoscaler-system/worker-1"])
-        assert down.returncode == 0 and down.stdout.strip() == "1", down.stderr
+        said = "workers: scaling down homelab://homelab-autoscaler-system/worker-1; target now 1 (was 2)"
+        assert down.returncode == 0 and down.stdout.strip() == said, down.stderr
         wait_for(lambda: "worker-1 " not in nodes() + " ", timeout=90, what="worker-1 powered off and gone")
 
         def listing() -> str:
@@ -83,7 +84,8 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
         assert re.search(r"worker-1-\w+\s+workers\s+worker-1\s+completed\s+NodeDeleted", rows), rows
         assert re.search(r"worker-2-\w+\s+workers\s+worker-2\s+ready", rows), rows
         name = re.search(r"(worker-1-\w+)", rows).group(1)  # type: ignore[union-attr]
-        shown = run(["claims", "show", name, *temporal_opts])
+        # the workflow id the demo and the Web UI print names the claim as well as its name does
+        shown = run(["claims", "show", f"nodeclaim/homelab-autoscaler-system/{name}", *temporal_opts])
         assert shown.returncode == 0, shown.stderr
         steps = ["phase booting", "phase ready", "signal: mark_for_deletion", "phase completed (NodeDeleted)"]
         at = [shown.stdout.index(step) for step in [*steps, "closed: completed"]]
@@ -100,7 +102,8 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
 
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         assert re.search(r'homelab_claims\{group="workers",[^}]*phase="ready"[^}]*\} 1', text), text[:2000]
-        assert re.search(r'homelab_provider_calls\{code="OK",method="NodeGroupIncreaseSize"', text)
+        assert re.search(r'homelab_provider_calls_total\{code="OK",method="NodeGroupIncreaseSize"\}', text), text[:2000]
+        assert re.search(r'homelab_provider_call_latency_seconds_bucket\{[^}]*method="NodeGroupIncreaseSize"', text)
         assert urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=5).status == 200
 
         kubectl = ["kubectl", "--server", f"http://127.0.0.1:{kube}", "get", "nodes.infra.homecluster.dev", "-A"]
@@ -113,6 +116,15 @@ def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
                 env={"KUBECONFIG": "/dev/null", "HOME": str(tmp_path)},
             )
             assert re.search(r"worker-2\s+workers\s+on\s+ready\s+1", report.stdout), report.stdout + report.stderr
+            # The operations guide's first looks: the Events in time order, a startup Job's script output.
+            base = ["kubectl", "--server", f"http://127.0.0.1:{kube}"]
+            kube_env = {"KUBECONFIG": "/dev/null", "HOME": str(tmp_path)}
+            events = subprocess.run([*base, "get", "events", "-A", "--sort-by=.lastTimestamp"], capture_output=True,
+                                    text=True, timeout=30, env=kube_env)  # fmt: skip
+            assert "ClaimCreated" in events.stdout and "ClaimReady" in events.stdout, events.stdout + events.stderr
+            logs = subprocess.run([*base, "-n", "homelab-autoscaler-system", "logs", f"job/{name}-startup"],
+                                  capture_output=True, text=True, timeout=30, env=kube_env)  # fmt: skip
+            assert logs.stdout == "wake-on-LAN aa:bb:cc:dd:ee:01\n", logs.stdout + logs.stderr
     finally:
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)

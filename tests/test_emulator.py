@@ -7,11 +7,14 @@ upgrade) shows up here rather than as a mysteriously passing adapter test.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -665,3 +668,211 @@ def test_kubectl_tables_of_the_operators_jobs_and_events(
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[0].split() == header, done.stdout
+
+
+# --- what kubectl asks beyond a plain table (issue 23) --------------------------------------------------------
+def kubectl(srv: EmulatorServer, tmp_path: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": os.devnull, "HOME": str(tmp_path)}
+    return subprocess.run(
+        ["kubectl", "--server", srv.url, *args], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+needs_kubectl_binary = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+
+def seed_events(srv: EmulatorServer) -> None:
+    """Three Events whose names sort otherwise than their lastTimestamps (a real cluster's are arbitrary too)."""
+    for name, minutes, reason in (("a", 1, "Newest"), ("b", 9, "Oldest"), ("c", 5, "Middle")):
+        when = (FIXED_NOW - datetime.timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event: dict[str, Any] = {
+            "metadata": {"name": f"c1.{name}", "namespace": NS},
+            "involvedObject": {"kind": "NodeClaim", "name": "c1", "namespace": NS},
+            "reason": reason,
+            "message": f"{reason} move",
+            "type": "Normal",
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "count": 1,
+        }
+        srv.call(functools.partial(KubeEmulator.put_object, group_version="v1", plural="events", obj=event))
+
+
+def test_table_rows_carry_the_object_include_object_asks_for(srv: EmulatorServer, api: client.ApiClient) -> None:
+    """kube-apiserver's `includeObject`: Metadata (the default) a PartialObjectMetadata, Object the whole object,
+    None nothing; anything else is a 400."""
+    seed_events(srv)
+    url = f"{srv.url}/api/v1/namespaces/{NS}/events"
+
+    def rows(query: str) -> Any:
+        request = urllib.request.Request(url + query, headers={"Accept": TABLE})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return json.loads(answer.read())["rows"]
+
+    assert {r["object"]["kind"] for r in rows("")} == {"PartialObjectMetadata"}
+    whole = rows("?includeObject=Object")
+    assert {r["object"]["kind"] for r in whole} == {"Event"}
+    assert {r["object"]["apiVersion"] for r in whole} == {"v1"}
+    assert sorted(r["object"]["lastTimestamp"] for r in whole)[0] == "2030-01-02T02:55:05Z"
+    assert {r["object"] is None for r in rows("?includeObject=None")} == {True}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        rows("?includeObject=Everything")
+    assert refused.value.code == 400
+
+
+@needs_kubectl_binary
+def test_kubectl_lists_events_sorted_by_last_timestamp(srv: EmulatorServer, tmp_path: Any) -> None:
+    """`kubectl get events -A --sort-by=.lastTimestamp` (the operations guide's first look) lists every Event,
+    oldest first. It said "No resources found": kubectl sorts the Table's rows by each row's object, which it asks
+    for whole (`includeObject=Object`); the emulator sent only the metadata, so there was nothing to sort on."""
+    seed_events(srv)
+    done = kubectl(srv, tmp_path, "get", "events", "-A", "--sort-by=.lastTimestamp")
+    assert done.returncode == 0, done.stderr
+    reasons = [line.split()[3] for line in done.stdout.splitlines()[1:]]
+    assert reasons == ["Oldest", "Middle", "Newest"], done.stdout
+
+
+def test_a_job_gets_the_selector_labels_and_defaults_the_api_server_gives_it(api: client.ApiClient) -> None:
+    """As kube-apiserver 1.35.4 answers (checked): the template is labelled with the Job's name and uid (legacy and
+    `batch.kubernetes.io/` keys), the selector matches the uid (`kubectl logs job/...` finds the Pods through it),
+    a Job without labels shows its template's, and `kubectl describe job` has its defaults to print;
+    `manualSelector: true` is left alone (a `job-name` label that is not the Job's: test_emulator_strict.py)."""
+    batch: Any = client.BatchV1Api(api)
+    body: Any = job("j1")
+    body.metadata.labels = None
+    created = batch.create_namespaced_job(NS, body)
+    uid = created.metadata.uid
+    generated = {
+        "batch.kubernetes.io/controller-uid": uid,
+        "batch.kubernetes.io/job-name": "j1",
+        "controller-uid": uid,
+        "job-name": "j1",
+    }
+    assert created.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": uid}
+    assert created.spec.template.metadata.labels == generated
+    assert created.metadata.labels == generated
+    spec = created.spec
+    assert (spec.completions, spec.parallelism, spec.completion_mode, spec.suspend) == (1, 1, "NonIndexed", False)
+    assert (spec.backoff_limit, spec.pod_replacement_policy) == (6, "TerminatingOrFailed")
+    manual: Any = job("j3")
+    manual.spec.manual_selector = True
+    manual.spec.selector = client.V1LabelSelector(match_labels={"app": "x"})
+    manual.spec.template.metadata = client.V1ObjectMeta(labels={"app": "x"})
+    kept = batch.create_namespaced_job(NS, manual)
+    assert kept.spec.selector.match_labels == {"app": "x"} and kept.spec.template.metadata.labels == {"app": "x"}
+
+
+def test_crd_cells_are_null_when_absent_and_dates_are_ages(srv: EmulatorServer, api: client.ApiClient) -> None:
+    """apiextensions' table convertor: a column whose path is absent is a null cell (kubectl prints <none>); a
+    `date` column is the age of its time, and a time ahead is `<invalid>` there too (HumanDuration of a negative
+    span), which is why the claim's Deadline is a `string` column."""
+    ahead = (FIXED_NOW + datetime.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = claim("c1", deadlineAt=ahead)
+    body["status"] = {"phase": "failed", "finishedAt": ahead}
+    srv.call(lambda e: e.put_object(GV, "nodeclaims", body, NS))
+    srv.call(lambda e: e.put_object(GV, "nodeclaims", claim("c2"), NS))
+    method, url, headers, _, _ = api.param_serialize(
+        "GET", f"/apis/{GV}/namespaces/{NS}/nodeclaims", header_params={"Accept": TABLE}
+    )
+    doc = json.loads(api.call_api(method, url, header_params=headers).read())
+    names = [c["name"] for c in doc["columnDefinitions"]]
+    cells = {row["cells"][0]: dict(zip(names, row["cells"], strict=True)) for row in doc["rows"]}
+    assert cells["c1"]["Deadline"] == ahead, "a string column shows the time as written"
+    assert cells["c1"]["Finished"] == "<invalid>", "a date column ahead of now: what kube-apiserver prints"
+    assert cells["c2"]["Deadline"] is None and cells["c2"]["Phase"] is None
+    deadline = next(c for c in doc["columnDefinitions"] if c["name"] == "Deadline")
+    assert (deadline["type"], deadline["format"]) == ("string", "date-time")
+
+
+@needs_kubectl_binary
+def test_kubectl_wide_shows_a_failed_claims_deadline(srv: EmulatorServer, tmp_path: Any) -> None:
+    """`kubectl get nodeclaims -o wide` showed `<invalid>` for a failed claim's deadline (a time ahead, printed as
+    an age by a `date` column); the column is the time itself now."""
+    ahead = (FIXED_NOW + datetime.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = claim("c1", deadlineAt=ahead)
+    body["status"] = {"phase": "failed", "reason": "StartupJobFailed", "attempt": 1}
+    srv.call(lambda e: e.put_object(GV, "nodeclaims", body, NS))
+    done = kubectl(srv, tmp_path, "get", "nodeclaims", "-n", NS, "-o", "wide")
+    assert done.returncode == 0, done.stderr
+    assert "<invalid>" not in done.stdout and ahead in done.stdout, done.stdout
+
+
+# --- Pods and their logs --------------------------------------------------------------------------------------
+def a_pod(
+    name: str, *, state: dict[str, Any] | None = None, containers: tuple[str, ...] = ("power",)
+) -> dict[str, Any]:
+    statuses = [{"name": c, "ready": False, "restartCount": 0, "image": "busybox", "imageID": "", "state": state or {}}
+                for c in containers]  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": c, "image": "busybox"} for c in containers], "nodeName": "n1"},
+        "status": {"phase": "Running", "containerStatuses": statuses},
+    }
+
+
+def fetch(srv: EmulatorServer, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(srv.url + path, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["message"]
+
+
+def test_pod_logs_are_served_as_the_kubelet_serves_them(srv: EmulatorServer) -> None:
+    pod = srv.call(lambda e: e.put_object("v1", "pods", a_pod("p1", state={"running": {"startedAt": "x"}})))
+    at = FIXED_NOW - datetime.timedelta(seconds=3)
+    srv.call(lambda e: e.logs.write(pod["metadata"]["uid"], "power", "one\ntwo\nthree\n", at))
+    log = f"/api/v1/namespaces/{NS}/pods/p1/log"
+    assert fetch(srv, log) == (200, "one\ntwo\nthree\n")
+    assert fetch(srv, log + "?tailLines=2") == (200, "two\nthree\n")
+    assert fetch(srv, log + "?limitBytes=5") == (200, "one\nt")
+    assert fetch(srv, log + "?tailLines=1&timestamps=true") == (200, "2030-01-02T03:04:02.000000000Z three\n")
+    assert fetch(srv, log + "?container=other") == (400, "container other is not valid for pod p1")
+    assert fetch(srv, log + "?previous=true") == (400, 'previous terminated container "power" in pod "p1" not found')
+    assert fetch(srv, f"/api/v1/namespaces/{NS}/pods/p9/log")[0] == 404
+    srv.call(lambda e: e.put_object("v1", "pods", a_pod("p2", state={"waiting": {"reason": "ErrImagePull"}})))
+    assert fetch(srv, f"/api/v1/namespaces/{NS}/pods/p2/log") == (
+        400,
+        'container "power" in pod "p2" is waiting to start: ErrImagePull',
+    )
+    srv.call(lambda e: e.put_object("v1", "pods", a_pod("p3", containers=("a", "b"))))
+    assert fetch(srv, f"/api/v1/namespaces/{NS}/pods/p3/log") == (
+        400,
+        "a container name must be specified for pod p3, choose one of: [a b]",
+    )
+    srv.call(lambda e: e.delete_object("v1", "pods", NS, "p1"))
+    assert srv.call(lambda e: e.logs.of(pod["metadata"]["uid"], "power")) == [], "a Pod removed takes its log"
+
+
+def test_a_followed_log_streams_until_the_container_ends(srv: EmulatorServer) -> None:
+    """`follow=true`: what is there, then each new line, and the stream ends when the container terminates."""
+    pod = srv.call(lambda e: e.put_object("v1", "pods", a_pod("p1", state={"running": {"startedAt": "x"}})))
+    uid = pod["metadata"]["uid"]
+    srv.call(lambda e: e.logs.write(uid, "power", "first", FIXED_NOW))
+    got: list[str] = []
+
+    def follow() -> None:
+        with urllib.request.urlopen(f"{srv.url}/api/v1/namespaces/{NS}/pods/p1/log?follow=true", timeout=10) as a:
+            got.append(a.read().decode())
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    time.sleep(0.3)
+    srv.call(lambda e: e.logs.write(uid, "power", "second", FIXED_NOW))
+    ended = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    srv.call(lambda e: e.patch_object("v1", "pods", NS, "p1", {"status": {"containerStatuses": [
+        {**pod["status"]["containerStatuses"][0], "state": ended}]}}, "status"))  # fmt: skip
+    reader.join(10)
+    assert not reader.is_alive() and got == ["first\nsecond\n"]
+
+
+def test_pods_print_kubectls_columns(srv: EmulatorServer, api: client.ApiClient) -> None:
+    ended = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    srv.call(lambda e: e.put_object("v1", "pods", a_pod("p1", state=ended)))
+    srv.call(lambda e: e.put_object("v1", "pods", a_pod("p2", state={"terminated": {"exitCode": 2}})))
+    assert _shown(api, f"/api/v1/namespaces/{NS}/pods") == (
+        ["Name", "Ready", "Status", "Restarts", "Age"],
+        [["p1", "0/1", "Error", "0", "0s"], ["p2", "0/1", "ExitCode:2", "0", "0s"]],
+    )

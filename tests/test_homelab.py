@@ -9,6 +9,8 @@ of events through a watch.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +30,7 @@ from homelab_sim.homelab_spec import (
     load_homelab_spec,
     parse_homelab_spec,
 )
+from homelab_sim.power_pods import ScriptRun, read_script, termination_message
 from kubernetes import client, watch
 
 from api import names
@@ -75,13 +78,15 @@ class Lab:
         namespace: str = NS,
         labels: dict[str, str] | None = None,
         deadline: int | None = None,
+        container: dict[str, Any] | None = None,
+        backoff_limit: int = 0,
     ) -> str:
         name = name or f"{slot}-{job_type}"
         meta_labels = {names.LABEL_NODE: slot, names.LABEL_JOB_TYPE: job_type} if labels is None else labels
         spec: dict[str, Any] = {
-            "backoffLimit": 0,
+            "backoffLimit": backoff_limit,
             "template": {
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+                "spec": {"restartPolicy": "Never", "containers": [container or {"name": "c", "image": "busybox"}]},
             },
         }
         if deadline is not None:
@@ -375,6 +380,162 @@ def test_jobs_that_are_not_lifecycle_jobs_are_ignored(lab: Lab) -> None:
         assert lab.job_status(name, namespace) is None, name
     assert lab.node("m1") is None and lab.server.power("m1") == "off"
     assert lab.server.history("m1") == []
+
+
+# --- the Job controller's Pods, their scripts and logs (issue 23) ------------------------------------------------
+def script(text: str, policy: str | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "power", "image": "busybox:1.36", "command": ["sh", "-c", text]}
+    if policy:
+        container["terminationMessagePolicy"] = policy
+    return container
+
+
+def pods_of(lab: Lab, job: str) -> list[Any]:
+    """The Job's Pods by the selector the API server generated for it (what kubectl uses), oldest first."""
+    selector = lab.batch.read_namespaced_job(job, NS).spec.selector.match_labels
+    found = lab.core.list_namespaced_pod(NS, label_selector=",".join(f"{k}={v}" for k, v in selector.items())).items
+    return sorted(found, key=lambda p: (p.metadata.creation_timestamp, p.metadata.resource_version))
+
+
+def job_events(lab: Lab, job: str) -> list[tuple[str, str, str]]:
+    events = lab.core.list_namespaced_event(NS, field_selector=f"involvedObject.name={job}").items
+    return [(e.type, e.reason, e.message) for e in sorted(events, key=lambda e: int(e.metadata.resource_version))]
+
+
+def test_a_lifecycle_job_runs_in_a_pod_made_as_the_job_controller_makes_it(lab: Lab) -> None:
+    job = lab.job("m1", "startup", container=script("echo powering on $HOMELAB_SLOT"))
+    uid = lab.batch.read_namespaced_job(job, NS).metadata.uid
+    (pod,) = pods_of(lab, job)
+    assert re.fullmatch(rf"{job}-[bcdfghjklmnpqrstvwxz2456789]{{5}}", pod.metadata.name), pod.metadata.name
+    assert pod.metadata.generate_name == f"{job}-"
+    for key, value in (("job-name", job), ("batch.kubernetes.io/job-name", job), ("controller-uid", uid),
+                       ("batch.kubernetes.io/controller-uid", uid)):  # fmt: skip
+        assert pod.metadata.labels[key] == value, key
+    (owner,) = pod.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid, owner.controller, owner.api_version) == (
+        "Job",
+        job,
+        uid,
+        True,
+        "batch/v1",
+    )
+    assert pod.status.phase == "Succeeded" and pod.spec.node_name == "homelab-control-plane"
+    (container,) = pod.status.container_statuses
+    ended = container.state.terminated
+    assert (ended.exit_code, ended.reason, ended.message) == (0, "Completed", None)
+    assert ended.started_at is not None and ended.finished_at >= ended.started_at
+    assert pod.spec.containers[0].termination_message_policy == "File", "the API server's default"
+    assert job_events(lab, job) == [
+        ("Normal", "SuccessfulCreate", f"Created pod: {pod.metadata.name}"),
+        ("Normal", "Completed", "Job completed"),
+    ]
+    assert lab.core.read_namespaced_pod_log(pod.metadata.name, NS) == "powering on $HOMELAB_SLOT\n"
+
+
+def test_a_failed_script_says_why_in_its_terminated_state(lab: Lab) -> None:
+    """The exit code is the script's, the reason the runtime's (Error); with FallbackToLogsOnError the message is
+    the end of the log; with the default File policy it is what the script wrote to /dev/termination-log."""
+    text = "echo sending magic packet\necho 'sendto: Network is unreachable' >&2\nexit 3"
+    job = lab.job("m1", "startup", container=script(text, "FallbackToLogsOnError"))
+    (pod,) = pods_of(lab, job)
+    ended = pod.status.container_statuses[0].state.terminated
+    assert pod.status.phase == "Failed" and pod.status.container_statuses[0].ready is False
+    assert (ended.exit_code, ended.reason) == (3, "Error")
+    assert ended.message == "sending magic packet\nsendto: Network is unreachable\n"
+    assert conditions(lab.job_status(job))["Failed"] == ("True", "BackoffLimitExceeded")
+    assert [reason for _, reason, _ in job_events(lab, job)] == ["SuccessfulCreate", "BackoffLimitExceeded"]
+    file_job = lab.job(
+        "m2", "startup", container=script("echo noise; echo 'BMC refused' > /dev/termination-log; exit 1")
+    )
+    (file_pod,) = pods_of(lab, file_job)
+    assert file_pod.status.container_statuses[0].state.terminated.message == "BMC refused\n"
+    quiet_job = lab.job("m2", "startup", name="quiet", container=script("echo noise; exit 1"))
+    assert pods_of(lab, quiet_job)[0].status.container_statuses[0].state.terminated.message is None
+
+
+@pytest.mark.parametrize("lab", [homelab_spec(faults={"startupJobFails": True})], indirect=True)
+def test_a_failing_fault_exits_1_and_says_so_in_the_log(lab: Lab) -> None:
+    job = lab.job("m1", "startup", container=script("echo wake-on-LAN aa:bb", "FallbackToLogsOnError"))
+    (pod,) = pods_of(lab, job)
+    ended = pod.status.container_statuses[0].state.terminated
+    said = "wake-on-LAN aa:bb\nhomelab simulator: fault startupJobFails is set: exit 1\n"
+    assert (ended.exit_code, ended.message) == (1, said)
+    assert lab.core.read_namespaced_pod_log(pod.metadata.name, NS) == said
+
+
+def test_a_failed_pod_is_retried_up_to_the_backoff_limit(lab: Lab) -> None:
+    job = lab.job("m1", "startup", container=script("exit 2"), backoff_limit=2)
+    pods = pods_of(lab, job)
+    assert len(pods) == 3 and len({p.metadata.name for p in pods}) == 3
+    assert {p.status.phase for p in pods} == {"Failed"}
+    status = lab.job_status(job)
+    assert status.failed == 3 and conditions(status)["Failed"] == ("True", "BackoffLimitExceeded")
+    assert [reason for _, reason, _ in job_events(lab, job)] == ["SuccessfulCreate"] * 3 + ["BackoffLimitExceeded"]
+    assert lab.server.power("m1") == "off"
+
+
+def test_past_its_deadline_the_running_pod_is_deleted() -> None:
+    spec = homelab_spec(timings={"jobSeconds": 1}, faults={"jobHangs": True})
+    with HomelabServer(spec, time_scale=0.1) as server, server.api_client() as api:
+        lab = Lab(server, api)
+        job = lab.job("m1", "startup", deadline=2, container=script("echo trying"))  # 0.2 s at this scale
+        (pod,) = pods_of(lab, job)
+        assert pod.status.phase == "Running" and lab.core.read_namespaced_pod_log(pod.metadata.name, NS) == "trying\n"
+        time.sleep(0.6)
+        assert pods_of(lab, job) == []
+        assert job_events(lab, job) == [
+            ("Normal", "SuccessfulCreate", f"Created pod: {pod.metadata.name}"),
+            ("Normal", "SuccessfulDelete", f"Deleted pod: {pod.metadata.name}"),
+            ("Warning", "DeadlineExceeded", "Job was active longer than specified deadline"),
+        ]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_logs_and_describe_a_failed_job(lab: Lab, tmp_path: Path) -> None:
+    """The operations guide's first steps against the simulated homelab: `kubectl logs job/<claim>-startup`
+    printed nothing for 20 s and failed (no Pods); `kubectl describe job` lists the Pods' outcome and Events."""
+    job = lab.job("m1", "startup", container=script("echo 'wake-on-LAN: no answer' >&2; exit 1"))
+    env = {**os.environ, "KUBECONFIG": os.devnull, "HOME": str(tmp_path)}
+
+    def kubectl(*args: str) -> str:
+        done = subprocess.run(["kubectl", "--server", lab.server.url, "-n", NS, *args], env=env, capture_output=True,
+                              text=True, timeout=30, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    started = time.monotonic()
+    assert kubectl("logs", f"job/{job}") == "wake-on-LAN: no answer\n"
+    assert time.monotonic() - started < 10, "found the Pod at once"
+    described = kubectl("describe", "job", job)
+    assert re.search(r"Pods Statuses:\s+0 Active \(0 Ready\) / 0 Succeeded / 1 Failed", described), described
+    assert re.search(r"Warning\s+BackoffLimitExceeded\s+\S+\s+job-controller", described), described
+    pods = kubectl("get", "pods")
+    assert re.search(rf"{job}-\w{{5}}\s+0/1\s+Error\s+0", pods), pods
+
+
+def test_a_script_is_read_not_run() -> None:
+    def run(text: str, **extra: Any) -> ScriptRun:
+        return read_script({"name": "c", "command": ["/bin/sh", "-c"], "args": [text], **extra})
+
+    assert run("set -eu\necho one; echo -n two && echo 'three  four' # note\nexit 4\necho never") == ScriptRun(
+        "one\ntwo\nthree  four\n", 4
+    )
+    assert run(
+        'echo "$MAC ${HOST} $UNKNOWN"', env=[{"name": "MAC", "value": "aa"}, {"name": "HOST", "value": "h"}]
+    ) == (ScriptRun("aa h $UNKNOWN\n"))
+    assert run("echo gone > /dev/null; echo x > /dev/termination-log; echo y >&2") == ScriptRun("y\n", 0, "x\n")
+    assert read_script({"name": "c", "command": ["curl", "-fsS", "http://bmc"]}) == ScriptRun()
+    assert read_script({"name": "c", "command": ["bash", "-ec", "exit 300"]}).exit_code == 300 % 256
+
+
+def test_termination_messages_follow_the_kubelets_policy_and_bounds() -> None:
+    fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    log = "".join(f"line {i}\n" for i in range(200))
+    assert termination_message({}, ScriptRun(log, 1), log) == "", "File: only the file"
+    assert termination_message(fallback, ScriptRun(log, 0), log) == "", "a success keeps no fallback"
+    tail = termination_message(fallback, ScriptRun(log, 1), log)
+    assert tail.endswith("line 199\n") and tail.count("\n") <= 80 and len(tail.encode()) <= 2048
+    assert termination_message(fallback, ScriptRun(log, 1, "x" * 5000), log) == "x" * 4096
 
 
 # --- real time -------------------------------------------------------------------------------------------

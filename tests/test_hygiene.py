@@ -207,7 +207,7 @@ PATCH_PATHS = frozenset(f"/status/{n}" for n in (*HISTORY_ONLY_CAMEL, "lastTrans
 
 WRITER = "domain/history.py"
 EXEMPT = frozenset({WRITER, "api/v2alpha1.py", "api/crds.py"})
-PACKAGES = ("api", "workflows", "activities", "watchers", "provider", "homelab_autoscaler", "kube")
+PACKAGES = ("api", "workflows", "activities", "watchers", "provider", "admission", "homelab_autoscaler", "kube")
 
 
 def _terminal_name(expr: ast.expr) -> str:

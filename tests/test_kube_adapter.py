@@ -10,16 +10,29 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from homelab_sim.emulator import EmulatorServer, Fault, KubeEmulator, RequestInfo
+from homelab_sim.homelab import HomelabServer
+from homelab_sim.homelab_spec import parse_homelab_spec
 
 from api import names
 from api.v2alpha1 import Group, Node, NodeClaim, NodeClaimSpec, ObjectMeta
 from kube.adapter import CLAIMS, JOBS, KUBELET_NODES, SLOTS, Kube, ObjectRef, Resource
 from kube.errors import Conflict, Invalid, NotFound, Transient
+from kube.views import (
+    CAUSE_DEADLINE,
+    CAUSE_JOB_GONE,
+    CAUSE_MESSAGE_CHARS,
+    CAUSE_NO_POD,
+    CAUSE_NOT_TERMINATED,
+    JobCause,
+    job_pod_selector,
+    trimmed_message,
+)
 from kube.watch import Watch
 
 NS = "homelab-autoscaler-system"
@@ -676,3 +689,137 @@ def test_events_of_distinct_occurrences_are_named_in_order(cluster: EmulatorServ
     kube.create_event(ref, "ClaimReady", "m", occurrence=base.replace(second=3))  # a retry of that occurrence
     events = cluster.call(lambda e: e.objects_of("v1", "events", NS))
     assert [(e["reason"], e["count"]) for e in events] == [("ClaimCreated", 1), ("ClaimBooting", 1), ("ClaimReady", 2)]
+
+
+# --- why a Job failed: its Pods, read through the simulated Job controller's (issue 23) ----------------------
+@pytest.fixture
+def homelab() -> Iterator[HomelabServer]:
+    """A zero-delay homelab: every Job's Pods have run by the time its create returns."""
+    spec = parse_homelab_spec(
+        {"namespace": NS, "groups": [{"name": "workers", "maxSize": 3}], "slots": [{"name": "m1", "group": "workers"}]}
+    )
+    with HomelabServer(spec, time_scale=0) as server:
+        yield server
+
+
+def power_job(name: str, script: str, *, backoff_limit: int = 0, policy: str = "FallbackToLogsOnError") -> Obj:
+    container = {"name": "power", "image": "busybox", "command": ["sh", "-c", script]}
+    container["terminationMessagePolicy"] = policy
+    labels = {names.LABEL_NODE: "m1", names.LABEL_JOB_TYPE: "startup"}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never", "containers": [container]}},
+        },
+    }
+
+
+def test_the_cause_of_a_failed_job_is_its_pods_exit_code_reason_and_last_words(homelab: HomelabServer) -> None:
+    with closing(Kube.connect(server=homelab.url, timeout=5.0)) as kube:
+        kube.create_job(NS, power_job("j1", "echo sending\necho 'sendto: Network is unreachable' >&2\nexit 2"))
+        cause = kube.job_cause(NS, "j1")
+        assert (cause.exit_code, cause.reason) == (2, "Error")
+        assert cause.message == "sending | sendto: Network is unreachable"
+        assert cause.pod.startswith("j1-") and len(cause.pod) == len("j1-") + 5
+        assert cause.summary() == "exit code 2 (Error): sending | sendto: Network is unreachable"
+        pods = [r for r in requests(homelab.server, "list", "pods")]
+        assert [r.params.get("labelSelector") for r in pods] == [
+            f"batch.kubernetes.io/controller-uid={kube.get_job(NS, 'j1')['metadata']['uid']}"  # type: ignore[index]
+        ], "the Pods are found by the Job's own selector"
+
+
+def test_the_newest_failed_pod_speaks_for_a_retried_job(homelab: HomelabServer) -> None:
+    with closing(Kube.connect(server=homelab.url, timeout=5.0)) as kube:
+        kube.create_job(NS, power_job("j2", "exit 7", backoff_limit=2))
+        pods = homelab.server.call(lambda e: e.objects_of("v1", "pods", NS))
+        assert len(pods) == 3
+        cause = kube.job_cause(NS, "j2")
+        newest = max(pods, key=lambda p: int(p["metadata"]["resourceVersion"]))
+        assert (cause.exit_code, cause.reason, cause.message) == (7, "Error", "")
+        assert cause.pod in {p["metadata"]["name"] for p in pods}
+        assert newest["status"]["phase"] == "Failed"
+
+
+def test_a_cause_says_what_happened_when_no_container_did(homelab: HomelabServer) -> None:
+    with closing(Kube.connect(server=homelab.url, timeout=5.0)) as kube:
+        assert kube.job_cause(NS, "never-made") == JobCause(CAUSE_JOB_GONE)
+        kube.create_job(NS, power_job("j3", "exit 1"))
+        homelab.server.call(lambda e: [e.delete_object("v1", "pods", NS, p["metadata"]["name"])
+                                       for p in e.objects_of("v1", "pods", NS)])  # fmt: skip
+        gone = kube.job_cause(NS, "j3")
+        assert (gone.reason, gone.exit_code) == (CAUSE_NO_POD, None) and "no Pod" in gone.summary()
+        homelab.call(lambda lab: lab.set_fault("m1", "jobHangs"))
+        kube.create_job(NS, power_job("j4", "echo still trying"))
+        hung = kube.job_cause(NS, "j4")
+        assert (hung.reason, hung.exit_code, hung.message) == (CAUSE_NOT_TERMINATED, None, "")
+        assert hung.summary() == f"its Pod {hung.pod} never ended"
+
+
+def test_a_job_past_its_deadline_says_so() -> None:
+    """activeDeadlineSeconds: the Job controller deletes the running Pod, so the Job's condition is the cause."""
+    spec = parse_homelab_spec(
+        {
+            "namespace": NS,
+            "timings": {"jobSeconds": 1},
+            "groups": [{"name": "workers", "maxSize": 1}],
+            "slots": [{"name": "m1", "group": "workers", "faults": {"jobHangs": True}}],
+        }
+    )
+    with HomelabServer(spec, time_scale=0.1) as server, closing(Kube.connect(server=server.url, timeout=5.0)) as kube:
+        body = power_job("j5", "echo waking")
+        body["spec"]["activeDeadlineSeconds"] = 2  # 0.2 s at this time scale
+        kube.create_job(NS, body)
+        deadline = time.monotonic() + 10
+        while kube.job_cause(NS, "j5").reason != CAUSE_DEADLINE:
+            assert time.monotonic() < deadline, "the Job never hit its deadline"
+            time.sleep(0.1)
+        cause = kube.job_cause(NS, "j5")
+        assert (cause.exit_code, cause.deadline_seconds, cause.pod) == (None, 2, "")
+        assert cause.summary() == "ran longer than its activeDeadlineSeconds (2 s) and was stopped"
+
+
+def test_a_waiting_container_is_the_cause(kube: Kube, emulator: EmulatorServer) -> None:
+    """A Pod that never started (an image it cannot pull, a Secret it cannot mount) says so in its waiting state."""
+    job = kube.create_job(NS, power_job("j6", "true"))
+    uid = job["metadata"]["uid"]
+    waiting = {"reason": "CreateContainerConfigError", "message": 'secret "bmc" not found'}
+    pod: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "j6-abcde",
+            "namespace": NS,
+            "labels": {"batch.kubernetes.io/controller-uid": uid},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "j6", "uid": uid, "controller": True}
+            ],
+        },
+        "spec": {"containers": [{"name": "power", "image": "busybox"}]},
+        "status": {"phase": "Pending", "containerStatuses": [{"name": "power", "state": {"waiting": waiting}}]},
+    }
+    put(emulator, "v1", "pods", pod)
+    stranger = {**pod, "metadata": {**pod["metadata"], "name": "other", "ownerReferences": []}}
+    put(emulator, "v1", "pods", stranger)
+    cause = kube.job_cause(NS, "j6")
+    assert (cause.reason, cause.message, cause.pod) == (
+        "CreateContainerConfigError",
+        'secret "bmc" not found',
+        "j6-abcde",
+    )
+
+
+def test_a_cause_message_is_the_end_of_the_last_words_within_its_bound() -> None:
+    long = "\n".join(f"line {i}" for i in range(20)) + "\n" + "x" * 1000
+    assert trimmed_message("a\n\n  b   c \n") == "a | b c"
+    kept = trimmed_message(long)
+    assert kept.startswith("…") and kept.endswith("x") and len(kept) <= CAUSE_MESSAGE_CHARS
+    assert trimmed_message("\n".join(str(i) for i in range(9))) == f"…{' | '.join(str(i) for i in range(4, 9))}"
+    assert job_pod_selector({"metadata": {"name": "j"}, "spec": {}}) == "batch.kubernetes.io/job-name=j"
+    expressions = {
+        "matchExpressions": [
+            {"key": "a", "operator": "In", "values": ["x", "y"]},
+            {"key": "b", "operator": "DoesNotExist"},
+        ]
+    }
+    assert job_pod_selector({"spec": {"selector": {"matchLabels": {"k": "v"}, **expressions}}}) == "k=v,a in (x,y),!b"

@@ -14,7 +14,10 @@ from setuptools import find_packages
 
 from tests.procs import BIN, ROOT, free_port, port_open, process, wait_for
 
-PACKAGES = ["api", "domain", "kube", "workflows", "activities", "watchers", "provider", "proto", "homelab_autoscaler"]
+PACKAGES = [
+    "api", "domain", "kube", "workflows", "activities", "watchers", "provider", "admission", "proto",
+    "homelab_autoscaler",
+]  # fmt: skip
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -39,6 +42,7 @@ BACK_ARROWS = [
     ("domain/claims.py", "import temporalio.workflow"),  # the rules knowing Temporal
     ("watchers/dispatch.py", "import activities.kube_activities"),  # a role importing the Temporal code
     ("provider/service.py", "import homelab_autoscaler.roles"),  # a role importing the composition root
+    ("admission/server.py", "import provider.service"),  # a role importing another role
     ("workflows/verbs.py", "import kube.adapter"),  # workflow code reaching the cluster
     ("homelab_autoscaler/roles.py", "import homelab_sim.homelab"),  # the product importing the simulator
     ("kube/views.py", "import watchers.report"),  # the cluster layer importing a role

@@ -15,7 +15,10 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OPERATOR = ["api", "domain", "kube", "workflows", "activities", "watchers", "provider", "proto", "homelab_autoscaler"]
+OPERATOR = [
+    "api", "domain", "kube", "workflows", "activities", "watchers", "provider", "admission", "proto",
+    "homelab_autoscaler",
+]  # fmt: skip
 OWN = {*OPERATOR, "homelab_sim"}
 # Developer tools that run from a `make test` venv only (`make proto`), never at run time.
 DEV_TOOLS = {"proto/generate.py"}

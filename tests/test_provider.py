@@ -7,9 +7,11 @@ Calls carry cluster-autoscaler's default 5 s deadline, so "answers in time" is p
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -31,18 +33,20 @@ from temporalio.client import Client, Interceptor, OutboundInterceptor, Workflow
 
 from api import contracts as c
 from api import names
+from homelab_autoscaler.temporal import runtime_for
 from kube.adapter import SLOTS, Kube
 from kube.watch import SYNCED, Watch, WatchEvent
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2 as k8s
 from provider.catalog import Catalog
+from provider.metrics import CallMetrics
 from provider.server import SERVICE_NAME, Running, start
 from provider.service import CloudProvider
 from provider.settings import ProviderSettings
 from provider.template import MACHINE_LABELS
 from tests.lab import NS, Lab, homelab, open_lab
-from tests.procs import BIN
+from tests.procs import BIN, free_port
 
 MIN = 60.0
 CA_DEADLINE = 5.0  # cluster-autoscaler's default grpc_timeout
@@ -164,6 +168,31 @@ async def test_scale_up_of_three_from_zero() -> None:
         assert ("Ready", "True") in {(cond.type, cond.status) for cond in node.status.conditions}
 
 
+async def test_a_new_group_scales_from_zero_on_its_declared_capacity_until_a_machine_is_seen() -> None:
+    """Found against the real cluster-autoscaler: a group none of whose machines had registered was never a scale-up
+    option ("No node info"); `spec.nodeCapacity` gives it a template, and a machine seen since wins."""
+    machine = {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
+    doc = homelab([slot("s1", node=machine)], nodeLabels={"tier": "big"},
+                  nodeCapacity={"cpu": "4", "memory": "16Gi", "pods": "50"})  # fmt: skip
+    async with serving(doc) as p:
+        got = await p.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="g"), timeout=CA_DEADLINE)
+        node = k8s.Node.FromString(got.nodeBytes)
+        assert {k: q.string for k, q in node.status.capacity.items()} == {"cpu": "4", "memory": "16Gi", "pods": "50"}
+        assert {k: q.string for k, q in node.status.allocatable.items()}["cpu"] == "4"
+        assert dict(node.metadata.labels) == {"tier": "big"}
+        assert ("Ready", "True") in {(cond.type, cond.status) for cond in node.status.conditions}
+
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
+        await p.lab.until(
+            lambda: all_states(p, pb.InstanceStatus.instanceRunning, 1), within=5 * MIN, what="the machine running"
+        )
+        await p.lab.group().signal(c.GroupSignal.REFRESH)
+        await p.lab.until(lambda: _with_template(p.lab), within=MIN, step=1, what="template in snapshot")
+        got = await p.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="g"), timeout=CA_DEADLINE)
+        seen = k8s.Node.FromString(got.nodeBytes)
+        assert {k: q.string for k, q in seen.status.capacity.items()}["cpu"] == "8", "the machine seen wins"
+
+
 async def _with_template(lab: Lab) -> dict[str, Any] | None:
     snap = await lab.snapshot()
     return snap if snap["template"] else None
@@ -183,10 +212,12 @@ async def test_failed_boot_shows_error_info_then_delete_nodes_with_the_fake_node
         assert failed.status.errorInfo.errorCode == "startup-job-failed"
         assert failed.status.errorInfo.instanceErrorClass == 99
         assert "StartupJobFailed" in failed.status.errorInfo.errorMessage
-        assert await p.target() == 0
+        # In the target until deleted: cluster-autoscaler backs a group off only while its scale-up is in flight.
+        assert await p.target() == 1
         # Kept for more than one autoscaler loop, so cluster-autoscaler sees it and backs the group off.
         await p.lab.advance(30)
         assert await errored() is not None
+        assert await p.target() == 1
 
         # cluster-autoscaler deletes the errored instance through a fake node: name == providerID == instance id.
         fake = pb.ExternalGrpcNode(
@@ -707,6 +738,10 @@ def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path) -> N
         ProviderSettings(address="0.0.0.0:8086")
     with pytest.raises(ValidationError, match="refusing"):
         ProviderSettings(address=":8086")
+    with pytest.raises(ValidationError, match="is not a readable file"):
+        ProviderSettings(tls_cert=tmp_path / "c.pem")
+    for name in ("c.pem", "tls_cert", "tls_key", "tls_ca"):
+        (tmp_path / name).write_text("PEM")
     with pytest.raises(ValidationError, match="go together"):
         ProviderSettings(tls_cert=tmp_path / "c.pem")
     assert ProviderSettings(address="0.0.0.0:8086", insecure=True).insecure
@@ -851,3 +886,25 @@ def test_arbitrary_field_values_get_a_status_code_and_the_server_keeps_serving(
         except grpc.RpcError as err:
             assert err.code() in ANSWERS, (method, raw, err)
         assert stub.GPULabel(pb.GPULabelRequest(), timeout=CA_DEADLINE).label
+
+
+def test_metrics_are_named_as_prometheus_users_expect() -> None:
+    """Issue 23: a counter ends `_total`, a duration is in seconds and ends `_seconds`, and the operator's metrics
+    carry no `service_name="temporal-core-sdk"` (the SDK runtime's label, which said nothing about them)."""
+    address = f"127.0.0.1:{free_port()}"
+    runtime = runtime_for(address)
+    assert runtime is not None
+    metrics = CallMetrics(meter=runtime.metric_meter)
+    metrics.record("NodeGroups", "OK", 0.02)
+    text = ""
+    deadline = time.monotonic() + 10
+    while "homelab_provider" not in text:
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    assert 'homelab_provider_calls_total{code="OK",method="NodeGroups"} 1' in text, text
+    assert re.search(r'homelab_provider_call_latency_seconds_sum\{method="NodeGroups"\} 0\.02', text), text
+    assert "service_name" not in text
+    kinds = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    assert all(name.endswith("_total") for name, kind in kinds.items() if kind == "counter"), kinds

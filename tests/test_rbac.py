@@ -5,8 +5,8 @@ Two sources of truth, both from the emulated API server's request log (`emulator
 - a representative workload run here: real claim workflows through the real worker and activities (boot,
   readiness gate, scale-down with a verified shutdown, TTL collection), plus the adapter calls of the
   roles that run outside the worker (the watchers' lists and watches across namespaces, their report write
-  and Node deletion, the Lease of leader election, the provider's listings, a repeated Event). It must need
-  every rule of deploy/rbac and nothing more;
+  and Node deletion, the Lease of leader election, the provider's listings, the admission webhook's list,
+  a repeated Event). It must need every rule of deploy/rbac and nothing more;
 - every other test of the session (recorded by tests/conftest.py into `RBAC_USAGE`): the last test here
   fails on any request deploy/rbac does not grant, naming the test that made it.
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from admission.server import Webhook
 from api import names
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, ObjectRef
 from tests.conftest import RBAC_USAGE, Use, uses_of
@@ -107,6 +108,8 @@ async def _workload() -> set[Use]:
         assert await lab.increase(1) == 1
         (claim,) = await lab.claim_names()
         await lab.wait_phase(claim, "ready", within=3 * MIN)
+        # Why a lifecycle Job failed: the Job, then its Pods by its selector (the cause a failed boot carries).
+        assert lab.kube.job_cause(NS, f"{claim}-startup").exit_code == 0
         assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
         await lab.wait_phase(claim, "completed", within=5 * MIN, step=10)
         await lab.advance(50 * MIN)
@@ -133,6 +136,8 @@ async def _workload() -> set[Use]:
         # The provider's catalog: the Groups and slots of the namespaces it serves.
         kube.list_raw(GROUPS, NS)
         kube.list_raw(SLOTS, NS)
+        # The admission webhook: the namespace's claims, listed for a write that would make a claim live.
+        Webhook(kube).claims(NS, 5.0)
         # A repeated Event: found by name, its count bumped.
         ref = ObjectRef(names.KIND_NODE, NS, "s1")
         kube.create_event(ref, "MachineReleased", "again")

@@ -335,7 +335,7 @@ def test_merge_diff_deletes_nested_keys_that_went_away() -> None:
 
 # --- Node.status has one writer ---------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "workflows", "activities", "watchers", "provider", "homelab_autoscaler", "kube")
+PACKAGES = ("api", "workflows", "activities", "watchers", "provider", "admission", "homelab_autoscaler", "kube")
 ADAPTER = "kube/adapter.py"  # defines the call; writes nothing by itself
 
 

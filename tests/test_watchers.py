@@ -18,7 +18,7 @@ from api import contracts as c
 from kube.adapter import KUBELET_NODES, Kube
 from kube.errors import NotFound
 from kube.watch import MODIFIED, WatchEvent
-from tests.lab import NS, Lab, homelab, open_lab, status_if
+from tests.lab import NS, Lab, homelab, open_lab, slot, status_if
 from watchers.main import Watchers
 from watchers.signals import Signals
 
@@ -341,3 +341,20 @@ async def test_kube_errors_are_typed_for_leases() -> None:
             pass
         else:
             raise AssertionError("patching a missing Lease is NotFound")
+
+
+async def test_the_first_sync_makes_no_watch_a_real_api_server_would_hold_open() -> None:
+    """Found on the real kube-apiserver: it reads a watch's `timeoutSeconds=0` as "none given" and holds the stream
+    open for its default 30-60 minutes. The first sync followed every fresh list with such a watch, so each resource
+    stalled for the client's 10 s read timeout, was logged as dropped, and the Lease came 50 s late."""
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        w = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
+        try:
+            seen = len(lab.lab.call(lambda h: h.emulator.requests))
+            await w.pump(until_ready=True)
+            requests = lab.lab.call(lambda h: list(h.emulator.requests))[seen:]
+        finally:
+            w.close()
+    assert [r for r in requests if r.verb == "list"], "the first sync lists every watched resource"
+    zero = [r.path for r in requests if r.verb == "watch" and r.params.get("timeoutSeconds", "") in ("", "0")]
+    assert zero == [], f"watches a real server would hold open: {zero}"

@@ -99,12 +99,13 @@ async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnviro
         wait_for(lambda: ready_gauge(scrape()) == 2, timeout=10, what="homelab_claims{phase=ready} to read 2")
         metrics = scrape()
         assert re.search(rf'homelab_claims\{{[^}}]*kubernetes_namespace="{NS}"', metrics), metrics[:3000]
-        assert re.search(r'homelab_claim_moves\{[^}]*group="workers",[^}]*phase="ready"', metrics), metrics[:3000]
+        assert re.search(r'homelab_claim_moves_total\{[^}]*group="workers",[^}]*phase="ready"', metrics), metrics[:3000]
         # Boots take minutes: the buckets reach half an hour instead of stopping at 10 s.
-        assert re.search(r'homelab_claim_time_to_ready_bucket\{[^}]*le="1800"', metrics), metrics[:3000]
-        assert re.search(r'homelab_claim_time_to_ready_bucket\{[^}]*le="60"', metrics)
-        assert re.search(r'homelab_jobs\{[^}]*outcome="succeeded"[^}]*type="startup"', metrics)
-        assert "temporal_workflow_completed" in metrics or "temporal_request" in metrics
+        assert re.search(r'homelab_claim_time_to_ready_seconds_bucket\{[^}]*le="1800"', metrics), metrics[:3000]
+        assert re.search(r'homelab_claim_time_to_ready_seconds_bucket\{[^}]*le="60"', metrics)
+        assert re.search(r'homelab_jobs_total\{[^}]*outcome="succeeded"[^}]*type="startup"', metrics)
+        assert "temporal_workflow_completed_total" in metrics or "temporal_request_total" in metrics
+        assert "service_name=" not in metrics
 
 
 async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path) -> None:

@@ -98,11 +98,25 @@ async def test_startup_job_failed() -> None:
         assert st["reason"] == "StartupJobFailed"
         instances = await lab.group().query(GroupWorkflow.instances)
         assert instances[0].error_code == "startup-job-failed"
-        assert (await lab.snapshot())["targetSize"] == 0
+        # The errored instance stays in the target until cluster-autoscaler deletes it: its scale-up is still in
+        # flight, so it backs the group off (the real cluster-autoscaler retried at once when it left at once).
+        assert (await lab.snapshot())["targetSize"] == 1
         # cluster-autoscaler deletes the instance it saw fail: the error is forgotten, nothing else changes.
         assert await lab.group().execute_update(GroupWorkflow.delete_nodes, [instances[0].id]) == 0
         assert await lab.group().query(GroupWorkflow.instances) == []
         await lab.record("startup_job_failed")
+
+
+async def test_a_decrease_forgets_an_errored_instance_and_refuses_past_it() -> None:
+    async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
+        failed = await one_claim(lab)
+        await lab.wait_phase(failed, "failed", within=3 * MIN)
+        assert (await lab.snapshot())["targetSize"] == 1
+        # Past the errored instance (and no pending claim) there is nothing to decrease: refused, nothing changed.
+        with pytest.raises(WorkflowUpdateFailedError):
+            await lab.group().execute_update(GroupWorkflow.decrease_target_size, -2)
+        assert await lab.group().execute_update(GroupWorkflow.decrease_target_size, -1) == 0
+        assert await lab.group().query(GroupWorkflow.instances) == []
 
 
 async def test_startup_job_timed_out() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from api import names
 from domain import law
 from kube.objects import meta, spec, status
+from kube.views import claim_order
 
 JSON = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
@@ -50,16 +51,6 @@ def parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-_EPOCH = datetime.min.replace(tzinfo=UTC)
-
-
-def claim_order(claim: Mapping[str, Any]) -> tuple[datetime, datetime, str]:
-    """Newest last: by spec.requestedAt, then creationTimestamp, then name (the one-live-claim rule's order)."""
-    requested = parse_time(spec(claim).get("requestedAt")) or _EPOCH
-    created = parse_time(meta(claim).get("creationTimestamp")) or _EPOCH
-    return (requested, created, str(meta(claim).get("name") or ""))
 
 
 def claim_phase(claim: Mapping[str, Any]) -> names.ClaimPhase:

@@ -11,6 +11,8 @@ import socket
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.addresses import check_dns_label, check_dns_subdomain, field_checks
+
 
 def _default_identity() -> str:
     """Host and process: unique per replica, and readable in `kubectl get lease -o yaml`."""
@@ -34,3 +36,5 @@ class WatchSettings(BaseModel):
     )
     watch_window_seconds: int = Field(30, ge=1, le=600, description="the server-side timeout of one watch request")
     resync_seconds: float = Field(300.0, gt=0, description="upper bound between two passes over every report")
+
+    _checked = field_checks({"lease_namespace": check_dns_label, "lease_name": check_dns_subdomain})

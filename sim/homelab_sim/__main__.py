@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from homelab_sim.chaos import Chaos, ChaosSettings
+from homelab_sim.emulator import UserInfo
 from homelab_sim.homelab import HomelabServer
 from homelab_sim.homelab_spec import HomelabSpecError, load_homelab_spec
 
@@ -32,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what every machine does")
     parser.add_argument("--check", action="store_true", help="only read the homelab file: exit 2 and say what is wrong")
+    parser.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="TOKEN=NAME",
+        help="a bearer token and the user it names (webhooks see it); repeatable. No token: system:anonymous",
+    )
     chaos = parser.add_argument_group("chaos (the chaos suite's knobs; all off by default)")
     chaos.add_argument("--chaos-seed", type=int, default=0, help="seed of the random faults")
     chaos.add_argument("--fault-rate", type=float, default=0.0, help="fraction of API requests that fail")
@@ -49,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         return 0
+    users: dict[str, UserInfo] = {}
+    for given in args.user:
+        token, _, name = str(given).partition("=")
+        if not token or not name:
+            print(f"error: --user {given}: expected TOKEN=NAME", file=sys.stderr)
+            return 2
+        users[token] = UserInfo(name)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     settings = ChaosSettings(
@@ -58,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         drop_watches_every=args.drop_watches_every,
         compact_every=args.compact_every,
     )
-    with HomelabServer(spec, port=args.port, host=args.host, time_scale=args.time_scale) as lab:
+    with HomelabServer(spec, port=args.port, host=args.host, time_scale=args.time_scale, users=users) as lab:
         lab.call(lambda homelab: Chaos(homelab.emulator, homelab, settings).install())
         slots = ", ".join(f"{slot.name} ({slot.group})" for slot in spec.slots)
         print(f"Simulated homelab serving the Kubernetes API on {lab.url}", flush=True)

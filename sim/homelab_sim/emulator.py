@@ -15,11 +15,16 @@ rules — see ``emulator_strict``. The direct helpers ``put_object`` and ``patch
 as etcd would take it, past admission (``patch_object(..., admit=True)`` is judged like a client's write): that
 is how a test stores an object a real server would refuse today (one an older server or schema took). Lists page with
 ``limit``/``continue`` and honour ``resourceVersionMatch`` (``emulator_pages``); ``kubectl get`` gets the real
-table columns of the built-in kinds (``emulator_tables``).
+table columns of the built-in kinds (``emulator_tables``), each row with the object ``includeObject`` asks for (so
+``--sort-by`` works). A created Job gets the selector, template labels and defaults the Job strategy gives it
+(``emulator_strategy``); ``pods/log`` serves what a simulated kubelet wrote to ``logs`` (``emulator_logs``).
+
+Validating admission webhooks are called as kube-apiserver calls them, for writes that arrive over HTTP, and a
+request's bearer token names its user (``emulator_webhooks``); nothing is authorized by it.
 
 Not implemented (tests must not rely on these): server-side apply (``application/apply-patch+yaml``
-→ 415), admission, RBAC/authn, built-in defaulting (``SetDefaults_*``), consistent snapshots for continued
-list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
+→ 415), mutating admission, RBAC, built-in defaulting (``SetDefaults_*``) but a Job's, consistent snapshots for
+continued list pages, Foreground deletion (treated as Background), GC of objects whose owners never existed, namespace
 existence checks and namespace deletion cascading, controllers (no Job/Pod/Node progress), periodic bookmarks,
 watch as Table, and field selectors are accepted for any dotted path (a real server allows a per-kind
 list). Strategic merge patch is the approximation documented in ``emulator_patch``. kmock's reaction DSL
@@ -43,7 +48,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -53,6 +58,7 @@ from kubernetes import client as k8s_client
 
 from homelab_sim.emulator_core import KUBERNETES_VERSION
 from homelab_sim.emulator_errors import ApiError
+from homelab_sim.emulator_logs import ContainerLogs, log_container, render_log
 from homelab_sim.emulator_pages import (
     decode_continue,
     paginate,
@@ -64,12 +70,23 @@ from homelab_sim.emulator_resources import (
     CRD_GROUP,
     CRD_VERSION,
     DEFAULT_RESOURCES,
+    PODS,
     ResKey,
     ResourceSpec,
 )
 from homelab_sim.emulator_select import SelectorError, parse_field_selector, parse_label_selector
+from homelab_sim.emulator_strategy import DEFAULT_STORED, PREPARE_FOR_CREATE
 from homelab_sim.emulator_strict import Admission, strict_by_default
-from homelab_sim.emulator_tables import TABLES, crd_columns, table
+from homelab_sim.emulator_tables import INCLUDE_OBJECT, TABLES, crd_columns, table
+from homelab_sim.emulator_webhooks import (
+    ANONYMOUS,
+    WEBHOOK_CONFIGURATIONS,
+    Attributes,
+    UserInfo,
+    WebhookCall,
+    call_webhooks,
+    matching,
+)
 
 __all__ = [
     "CRD_GROUP",
@@ -83,7 +100,9 @@ __all__ = [
     "RequestInfo",
     "ResourceSpec",
     "StrictRecord",
+    "UserInfo",
     "WatchEvent",
+    "WebhookCall",
     "format_time",
 ]
 
@@ -95,6 +114,7 @@ ObjKey = tuple[str | None, str]  # (namespace, name) within one resource
 Obj = dict[str, Any]
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the API server's own alphabet (no vowels)
+_GENERATED_PREFIX_MAX = 58  # maxGeneratedNameLength: 63 less the 5 random characters
 _WATCH_TRUE = frozenset({"true", "1", "True", "TRUE", "yes"})
 # Paths under this prefix are the simulator's own controls (see `KubeEmulator.control`), not the Kubernetes API.
 CONTROL_PREFIX = "/_sim/"
@@ -129,6 +149,7 @@ class RequestInfo:
     params: Mapping[str, str] = field(default_factory=dict, hash=False)
     body: Any = field(default=None, hash=False, compare=False, repr=False)
     content_type: str = ""
+    user: UserInfo = field(default=ANONYMOUS, hash=False, compare=False)
 
     @property
     def action(self) -> str:
@@ -211,9 +232,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         clock: Callable[[], datetime.datetime] = _utc_now,
         event_log_size: int = 1000,
         strict: bool | None = None,
+        users: Mapping[str, UserInfo] | None = None,
     ) -> None:
         super().__init__()
         self.clock = clock
+        self.users: dict[str, UserInfo] = dict(users or {})  # bearer token → who sends it
+        self.webhook_calls: deque[WebhookCall] = deque(maxlen=10000)
         self.strict = strict_by_default() if strict is None else strict
         self.admission = Admission()
         self.strict_log: list[StrictRecord] = []
@@ -225,7 +249,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.requests: list[RequestInfo] = []
         self.listeners: list[Listener] = []
         self.compacted_below: int = 0
-        self.control: dict[str, Callable[[Obj | None], Obj]] = {}  # `/_sim/<name>`: the simulator's own surface
+        self.control: dict[str, Callable[[Obj | None], Obj]] = {  # `/_sim/<name>`: the simulator's own surface
+            "webhook-calls": lambda _: {"calls": [c.as_json() for c in self.webhook_calls]},
+        }
+        self.logs = ContainerLogs()  # containers' output, written by whoever plays their kubelet
         self._watch_epoch = 0
         self._rv = 0
         self._logs: dict[ResKey, _Log] = {}
@@ -337,6 +364,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         spec = self.spec_of(group_version, plural)
         key: ObjKey = (namespace if spec.namespaced else None, name)
         return self._delete(spec, key, orphan=orphan)
+
+    def generate_name(self, group_version: str, plural: str, namespace: str | None, prefix: str) -> str:
+        """A name for ``generateName: prefix`` no object of the resource has, as the API server makes it."""
+        return self._generate_name(self.spec_of(group_version, plural), namespace, prefix)
+
+    def _generate_name(self, spec: ResourceSpec, namespace: str | None, prefix: str) -> str:
+        """``SimpleNameGenerator``: the prefix cut to 58 characters, then 5 random ones (a name stays within 63)."""
+        items = self.store[spec.key]
+        for _ in range(16):
+            name = prefix[:_GENERATED_PREFIX_MAX] + "".join(random.choices(_GENERATE_ALPHABET, k=5))
+            if (namespace, name) not in items:
+                return name
+        raise ApiError(409, "AlreadyExists", "could not generate a unique name")
 
     def shutdown_watches(self) -> None:
         """End every open watch stream (used before the server stops, so shutdown never hangs)."""
@@ -567,6 +607,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = self.store[spec.key].pop(key)
         uid = _meta(obj)["uid"]
         self._uids.pop(uid, None)
+        if spec.key == PODS:
+            self.logs.forget(uid)
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self._emit(spec, "DELETED", obj)
         orphan = uid in self._orphan_on_removal
@@ -628,6 +670,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
         if raw_request.path.startswith(CONTROL_PREFIX):  # the simulator's own surface: no faults, not logged
             return self._control(raw_request.path.removeprefix(CONTROL_PREFIX), body_bytes)
+        user = self._user(raw_request)
+        if user is None:  # a real server refuses a token it cannot authenticate, whatever the request
+            return aiohttp.web.json_response(ApiError(401, "Unauthorized", "Unauthorized").body(), status=401)
+        info = replace(info, user=user)
         self.requests.append(info)
         if parsed is None:
             discovery = self._discovery(raw_request.path.rstrip("/") or "/")
@@ -645,6 +691,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         except (PatchError, SelectorError) as exc:
             status, reason = (exc.status, exc.reason) if isinstance(exc, PatchError) else (400, "BadRequest")
             return aiohttp.web.json_response(ApiError(status, reason, str(exc)).body(), status=status)
+
+    def _user(self, raw_request: aiohttp.web.BaseRequest) -> UserInfo | None:
+        """Who sends the request: its bearer token's user, anonymous without one, None for a token not known; a
+        user it impersonates (`kubectl --as`, `Impersonate-User`) instead, as a real server permitting it would."""
+        impersonated = raw_request.headers.get("Impersonate-User", "").strip()
+        if impersonated:
+            groups = tuple(raw_request.headers.getall("Impersonate-Group", ())) or ("system:authenticated",)
+            return UserInfo(impersonated, groups)
+        scheme, _, token = raw_request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return ANONYMOUS
+        return self.users.get(token.strip())
 
     def _control(self, name: str, body: bytes) -> aiohttp.web.StreamResponse:
         handler = self.control.get(name)
@@ -773,35 +831,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if info.verb == "list":
             return self._respond(raw_request, spec, self._list(spec, info), table=True)
         if info.verb == "get":
+            if info.subresource == "log" and spec.key == PODS:
+                return await self._serve_log(raw_request, spec, key_, info)
             if info.subresource not in (None, "status"):
                 raise ApiError(404, "NotFound", f"unknown subresource {info.subresource}")
             return self._respond(raw_request, spec, copy.deepcopy(self._require(spec, key_)), table=True)
         if info.verb == "create":
+            if self._webhook_configurations():
+                info = await self._webhooks_on_create(spec, info, dry_run)
+                self._warnings = []  # the judged dry run's; another request may have run meanwhile
             return self._respond(raw_request, spec, self._create(spec, info, dry_run), status=201)
         if info.verb in ("patch", "update"):
+            if self._webhook_configurations():
+                await self._webhooks_on_update(spec, key_, info, dry_run)
+                self._warnings = []
             old = self._require(spec, key_)
-            new = self._proposed(spec, info, old)
-            sent_rv = _meta(new).get("resourceVersion") if isinstance(new, dict) else None
-            if sent_rv not in (None, "") and str(sent_rv) != _meta(old).get("resourceVersion"):
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {spec.plural} "{info.name}": the object has been'
-                    " modified; please apply your changes to the latest version and try again",
-                    {"name": info.name, "group": spec.group, "kind": spec.plural},
-                )
-            written = self._write(
-                spec,
-                key_,
-                old,
-                new,
-                info.subresource,
-                verb=info.verb,
-                field_validation=info.params.get("fieldValidation"),
-                dry_run=dry_run,
-            )
+            written = self._update(spec, key_, info, old, dry_run=dry_run)
             return self._respond(raw_request, spec, written)
         if info.verb == "delete":
+            if self._webhook_configurations():
+                old = self._read(spec, self._require(spec, key_))
+                await self._webhooks(spec, info, "DELETE", None, old, dry_run=dry_run)
             return self._respond(raw_request, spec, self._serve_delete_one(spec, key_, info, dry_run))
         if info.verb == "deletecollection":
             items = self._list(spec, info)["items"]
@@ -811,6 +861,70 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         self._delete(spec, (_meta(item).get("namespace"), _meta(item)["name"]))
             return self._respond(raw_request, spec, self._list_body(spec, items))
         raise ApiError(405, "MethodNotAllowed", f"{info.method} is not supported here")
+
+    def _update(self, spec: ResourceSpec, key_: ObjKey, info: RequestInfo, old: Obj, *, dry_run: bool) -> Obj:
+        """A patch or an update of ``old``: the client's resourceVersion checked, then written (or only judged)."""
+        new = self._proposed(spec, info, old)
+        sent_rv = _meta(new).get("resourceVersion") if isinstance(new, dict) else None
+        if sent_rv not in (None, "") and str(sent_rv) != _meta(old).get("resourceVersion"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {spec.plural} "{info.name}": the object has been'
+                " modified; please apply your changes to the latest version and try again",
+                {"name": info.name, "group": spec.group, "kind": spec.plural},
+            )
+        return self._write(
+            spec,
+            key_,
+            old,
+            new,
+            info.subresource,
+            verb=info.verb,
+            field_validation=info.params.get("fieldValidation"),
+            dry_run=dry_run,
+        )
+
+    # --- validating admission webhooks (``emulator_webhooks``): the only awaits of a write ---------------------
+    def _webhook_configurations(self) -> list[Obj]:
+        return list(self.store.get(WEBHOOK_CONFIGURATIONS, {}).values())
+
+    async def _webhooks(
+        self, spec: ResourceSpec, info: RequestInfo, operation: str, obj: Obj | None, old: Obj | None, *, dry_run: bool
+    ) -> None:
+        """Call the webhooks that take this write (raise the refusal), as the server does once the object is built."""
+        name = str(info.name or _meta(obj or {}).get("name") or "")
+        options = {"kind": f"{operation.capitalize()}Options", "apiVersion": "meta.k8s.io/v1"}
+        if info.params.get("fieldValidation"):
+            options["fieldValidation"] = info.params["fieldValidation"]
+        attrs = Attributes(spec, info.subresource, operation, info.namespace, name, obj, old, info.user, dry_run,
+                           options)  # fmt: skip
+        namespace = self.store.get(("", "v1", "namespaces"), {}).get((None, info.namespace or ""))
+        hooks = matching(self._webhook_configurations(), attrs, namespace)
+        if hooks:
+            await call_webhooks(hooks, attrs, self.webhook_calls)
+
+    async def _webhooks_on_create(self, spec: ResourceSpec, info: RequestInfo, dry_run: bool) -> RequestInfo:
+        """Judge a create by the webhooks on the object it would store; the request to create, with the name the
+        judged object got (a generated name is given once, before admission)."""
+        proposed = self._create(spec, info, dry_run=True)
+        await self._webhooks(spec, info, "CREATE", proposed, None, dry_run=dry_run)
+        if isinstance(info.body, dict) and not _meta(info.body).get("name"):
+            body = copy.deepcopy(info.body)
+            body.setdefault("metadata", {})["name"] = _meta(proposed)["name"]
+            info = replace(info, body=body)
+        return info
+
+    async def _webhooks_on_update(self, spec: ResourceSpec, key_: ObjKey, info: RequestInfo, dry_run: bool) -> None:
+        """Judge a patch or an update by the webhooks; again when the object changed while they answered (the
+        server's GuaranteedUpdate runs admission inside its retry). On return the stored object is the judged one."""
+        for _ in range(5):
+            old = self._require(spec, key_)
+            proposed = self._update(spec, key_, info, old, dry_run=True)
+            await self._webhooks(spec, info, "UPDATE", proposed, self._read(spec, old), dry_run=dry_run)
+            if self.store[spec.key].get(key_) is old:
+                return
+        raise ApiError(409, "Conflict", f'{spec.plural} "{info.name}" kept changing while the webhooks answered')
 
     def _respond(
         self,
@@ -827,18 +941,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
             elif payload.get("kind") == spec.kind:
                 payload = self._read(spec, payload)
         if table and "as=Table" in raw_request.headers.get("Accept", ""):
-            payload = self._as_table(payload, spec)
+            payload = self._as_table(payload, spec, raw_request.query.get("includeObject") or "Metadata")
         response = aiohttp.web.json_response(payload, status=status)
         for warning in self._warnings:
             response.headers.add("Warning", "299 - " + json.dumps(warning))
         self._warnings = []
         return response
 
-    def _as_table(self, payload: Obj, spec: ResourceSpec) -> Obj:
-        """A meta.k8s.io/v1 Table for `kubectl get`: the kind's columns (``emulator_tables``)."""
+    def _as_table(self, payload: Obj, spec: ResourceSpec, include: str) -> Obj:
+        """A meta.k8s.io/v1 Table for `kubectl get`: the kind's columns (``emulator_tables``); each row carries the
+        object as ``includeObject`` asks (``--sort-by`` and ``-o custom-columns`` ask for the whole object)."""
+        if include not in INCLUDE_OBJECT:
+            raise ApiError(400, "BadRequest", f"unrecognized includeObject value: {include!r}")
         items = payload.get("items", [payload])
+        for item in items:  # list items as a get returns them, so a row's object is whole
+            item.setdefault("apiVersion", spec.api_version)
+            item.setdefault("kind", spec.kind)
         columns = TABLES.get((spec.group, spec.kind)) if not spec.custom else None
-        return table(items, columns or crd_columns(spec.printer_columns), self.clock(), str(self._rv))
+        columns = columns or crd_columns(spec.printer_columns)
+        return table(items, columns, self.clock(), str(self._rv), include=include)
 
     def _check_rv_param(self, spec: ResourceSpec, raw: str | None, *, watch: bool) -> int | None:
         if raw in (None, "", "0"):
@@ -960,13 +1081,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
             prefix = meta.get("generateName")
             if not prefix:
                 raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
-            for _ in range(16):
-                meta["name"] = prefix + "".join(random.choices(_GENERATE_ALPHABET, k=5))
-                if (meta.get("namespace"), meta["name"]) not in items:
-                    break
-            else:
-                raise ApiError(409, "AlreadyExists", "could not generate a unique name")
+            meta["name"] = self._generate_name(spec, meta.get("namespace"), str(prefix))
+        prepare = PREPARE_FOR_CREATE.get(spec.key)
+        if prepare is not None:  # the system fields first, as the server fills them before the strategy runs
+            meta["uid"] = str(uuid.uuid4())
+            prepare(body)
         body = self._admit(spec, "create", body, None, info.params.get("fieldValidation"))
+        if (stored_default := DEFAULT_STORED.get(spec.key)) is not None:
+            stored_default(body)
         meta = body["metadata"]
         key: ObjKey = (meta.get("namespace"), meta["name"])
         if key in items:
@@ -1069,6 +1191,50 @@ class KubeEmulator(kmock.KubernetesEmulator):
             pass
         return response
 
+    async def _serve_log(
+        self, raw_request: aiohttp.web.BaseRequest, spec: ResourceSpec, key: ObjKey, info: RequestInfo
+    ) -> aiohttp.web.StreamResponse:
+        """``pods/log``: the container's output as text; with ``follow``, streamed until the container ends, the
+        Pod goes, or the client leaves (what the kubelet does)."""
+        pod = copy.deepcopy(self._require(spec, key))
+        container = log_container(pod, info.params)
+        uid = str(_meta(pod).get("uid"))
+        lines = self.logs.of(uid, container)
+        text = render_log(lines, info.params)
+        if info.params.get("follow") not in ("true", "1"):
+            return aiohttp.web.Response(text=text, content_type="text/plain")
+        response = aiohttp.web.StreamResponse(status=200)
+        response.content_type = "text/plain"
+        await response.prepare(raw_request)
+        wakeup = asyncio.Event()
+        self._wakeups.add(wakeup)
+        rest = {k: v for k, v in info.params.items() if k not in ("tailLines", "limitBytes")}
+        try:
+            await response.write(text.encode())
+            sent = len(lines)
+            while not self._closing:
+                wakeup.clear()
+                current = self.store[spec.key].get(key)
+                if current is None or _meta(current).get("uid") != uid:
+                    break
+                lines = self.logs.of(uid, container)
+                if len(lines) > sent:
+                    await response.write(render_log(lines[sent:], rest).encode())
+                    sent = len(lines)
+                if _container_ended(current, container):
+                    break
+                transport = raw_request.transport
+                if transport is None or transport.is_closing():
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), 1.0)
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._wakeups.discard(wakeup)
+        return response
+
     def _bookmark(self, spec: ResourceSpec, rv: int, *, initial_end: bool = False) -> Obj:
         meta: Obj = {"resourceVersion": str(rv)}
         if initial_end:
@@ -1111,6 +1277,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     await asyncio.wait_for(wakeup.wait(), wait)
         finally:
             self._wakeups.discard(wakeup)
+
+
+def _container_ended(pod: Obj, container: str) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(st.get("name") == container and (st.get("state") or {}).get("terminated") for st in statuses)
 
 
 def _page_key(obj: Mapping[str, Any]) -> str:
@@ -1191,9 +1362,11 @@ class EmulatorServer:
         resources: Iterable[ResourceSpec] = DEFAULT_RESOURCES,
         event_log_size: int = 1000,
         strict: bool | None = None,
+        users: Mapping[str, UserInfo] | None = None,
     ) -> None:
         self._port = port
         self._strict = strict
+        self._users = dict(users or {})
         self._host = host
         self._clock = clock
         self._resources = tuple(resources)
@@ -1237,7 +1410,11 @@ class EmulatorServer:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         emulator = KubeEmulator(
-            resources=self._resources, clock=self._clock, event_log_size=self._event_log_size, strict=self._strict
+            resources=self._resources,
+            clock=self._clock,
+            event_log_size=self._event_log_size,
+            strict=self._strict,
+            users=self._users,
         )
         async with emulator, kmock.Server(emulator, host=self._host, port=self._port or None) as server:
             self._emulator = emulator

@@ -40,7 +40,6 @@ from homelab_sim.emulator_errors import (
 from homelab_sim.emulator_meta import (
     dns1123_label,
     dns1123_subdomain,
-    job_name,
     qualified_name,
     validate_finalizers,
     validate_labels,
@@ -199,7 +198,8 @@ def check_job(new: Obj, old: Obj | None) -> list[FieldError]:
     """``ValidateJob`` / ``ValidateJobUpdate``: the pod template's labels and containers, a restart policy of
     OnFailure or Never, non-negative counts, and a template that cannot change once created.
     """
-    errors = validate_labels(_get(new, "spec", "template", "metadata", "labels"), "spec.template.metadata.labels")
+    # ValidatePodTemplateSpec names the template's labels `spec.template.labels` (its ObjectMeta is inline in Go)
+    errors = validate_labels(_get(new, "spec", "template", "metadata", "labels"), "spec.template.labels")
     policy = _get(new, "spec", "template", "spec", "restartPolicy") or "Always"  # SetDefaults_PodSpec
     if policy not in ("OnFailure", "Never"):
         errors.append(not_supported("spec.template.spec.restartPolicy", policy, ["OnFailure", "Never"]))
@@ -209,7 +209,25 @@ def check_job(new: Obj, old: Obj | None) -> list[FieldError]:
     errors += _positive(new, "spec", "activeDeadlineSeconds")
     if old is not None and _get(old, "spec", "template") != _get(new, "spec", "template"):
         errors.append(invalid("spec.template", _get(new, "spec", "template"), "field is immutable"))
-    return errors
+    return _generated_selector(new) + errors
+
+
+def _generated_selector(job: Obj) -> list[FieldError]:
+    """``validateGeneratedSelector``: with a generated selector, the template's job-name and controller-uid labels
+    must be the Job's own (a user's `job-name: mine` is refused, naming the label and what it must be)."""
+    if _get(job, "spec", "manualSelector") is True:
+        return []
+    labels = _get(job, "spec", "template", "metadata", "labels")
+    if not isinstance(labels, Mapping):
+        return [required("spec.template.metadata.labels")]
+    name, uid = str(_get(job, "metadata", "name") or ""), str(_get(job, "metadata", "uid") or "")
+    wanted = {"controller-uid": uid, "batch.kubernetes.io/controller-uid": uid,
+              "job-name": name, "batch.kubernetes.io/job-name": name}  # fmt: skip
+    return [
+        invalid(f"spec.template.metadata.labels[{key}]", dict(labels), f"must be '{value}'")
+        for key, value in wanted.items()
+        if key in labels and labels[key] != value
+    ]
 
 
 def check_node(new: Obj, old: Obj | None) -> list[FieldError]:
@@ -310,7 +328,7 @@ def check_configmap(new: Obj, old: Obj | None) -> list[FieldError]:
 
 
 KIND_CHECKS: dict[tuple[str, str], tuple[Callable[[str, bool], list[str]], tuple[Check, ...]]] = {
-    ("batch", "Job"): (job_name, (check_job,)),
+    ("batch", "Job"): (dns1123_subdomain, (check_job,)),
     ("", "Node"): (dns1123_subdomain, (check_node,)),
     ("", "Namespace"): (dns1123_label, (check_namespace,)),
     ("", "Event"): (dns1123_subdomain, (check_core_event,)),

@@ -146,9 +146,11 @@ def not_supported(field: str, value: Any, supported: Sequence[Any]) -> FieldErro
 
 
 def invalid_object(kind: str, group: str, name: str, errors: Iterable[FieldError]) -> ApiError:
-    """``apierrors.NewInvalid``: 422 with the aggregated message and one cause per (deduplicated) error."""
+    """``apierrors.NewInvalid``: 422 with the aggregated message (repeats dropped, as ``ToAggregate`` does) and one
+    cause per error, repeats kept (as kube-apiserver 1.35.4 sends them)."""
+    every = list(errors)
     unique: list[FieldError] = []
-    for error in errors:
+    for error in every:
         if str(error) not in {str(e) for e in unique}:
             unique.append(error)
     qualified = f"{kind}.{group}" if group else kind
@@ -156,7 +158,7 @@ def invalid_object(kind: str, group: str, name: str, errors: Iterable[FieldError
     details: Obj = {"name": name, "kind": kind}
     if group:
         details["group"] = group
-    details["causes"] = [{"reason": e.type, "message": e.body(), "field": e.field} for e in unique]
+    details["causes"] = [{"reason": e.type, "message": e.body(), "field": e.field} for e in every]
     return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {aggregate}', details)
 
 

@@ -56,6 +56,12 @@ def _too_long(limit: int) -> str:
     return f"must be no more than {limit} characters"
 
 
+def _too_many_bytes(limit: int) -> str:
+    """What 1.35 says of a label value or a qualified name's name part (checked on a real kube-apiserver 1.35.4;
+    DNS names still say characters)."""
+    return f"must be no more than {limit} bytes"
+
+
 def dns1123_label(value: str, prefix: bool = False) -> list[str]:
     """``IsDNS1123Label`` (``NameIsDNSLabel`` when used as a name rule; a generateName may end in '-')."""
     value = value[:-1] if prefix and value.endswith("-") else value
@@ -75,10 +81,12 @@ def dns1123_subdomain(value: str, prefix: bool = False) -> list[str]:
 
 
 def job_name(value: str, prefix: bool = False) -> list[str]:
-    """A Job's name: a DNS subdomain of at most 63 characters (``ValidateJob``: it becomes a label value)."""
+    """What a Job's name must be for the Job to be created: a DNS subdomain that also fits the ``job-name`` labels
+    the Job strategy puts on its template (so at most 63). The server's name rule itself is the subdomain's; the
+    label check refuses a longer name (``spec.template.labels``)."""
     errors = dns1123_subdomain(value, prefix)
-    if not prefix and len(value) > 63 and _too_long(253) not in errors:
-        errors.insert(0, _too_long(63))
+    if not prefix:
+        errors += label_value(value)
     return errors
 
 
@@ -102,15 +110,15 @@ def qualified_name(value: str) -> list[str]:
     if not name:
         errors.append("name part must be non-empty")
     elif len(name) > 63:
-        errors.append("name part " + _too_long(63))
+        errors.append("name part " + _too_many_bytes(63))
     if name and not re.fullmatch(_QUALIFIED, name):
         errors.append("name part " + _QUALIFIED_MSG)
     return errors
 
 
 def label_value(value: str) -> list[str]:
-    """``IsValidLabelValue``: empty, or ≤63 characters of the qualified-name alphabet."""
-    errors = [_too_long(63)] if len(value) > 63 else []
+    """``IsValidLabelValue``: empty, or ≤63 bytes of the qualified-name alphabet."""
+    errors = [_too_many_bytes(63)] if len(value) > 63 else []
     if not re.fullmatch(_LABEL_VALUE, value):
         errors.append(_LABEL_VALUE_MSG)
     return errors

@@ -13,12 +13,13 @@ from typing import Any
 
 from api.crds import crds as _generated_crds
 
-__all__ = ["CRD_GROUP", "CRD_VERSION", "DEFAULT_RESOURCES", "ResKey", "ResourceSpec"]
+__all__ = ["CRD_GROUP", "CRD_VERSION", "DEFAULT_RESOURCES", "PODS", "ResKey", "ResourceSpec"]
 
 CRD_GROUP = "infra.homecluster.dev"
 CRD_VERSION = "v2alpha1"
 
 ResKey = tuple[str, str, str]  # (group, version, plural); group "" is the core API
+PODS: ResKey = ("", "v1", "pods")
 
 _ALL_VERBS = frozenset({"get", "list", "watch", "create", "patch", "update", "delete", "deletecollection"})
 
@@ -99,10 +100,20 @@ DEFAULT_RESOURCES: tuple[ResourceSpec, ...] = (
         namespaced=True,
         status_subresource=True,
         verbs=frozenset({"get", "list", "watch"}),
+        short_names=("po",),
+        categories=("all",),
     ),
     ResourceSpec("", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
     ResourceSpec("", "v1", "secrets", "Secret", namespaced=True),
     ResourceSpec("batch", "v1", "jobs", "Job", namespaced=True, status_subresource=True, strip_status_on_create=True),
     ResourceSpec("events.k8s.io", "v1", "events", "Event", namespaced=True, short_names=("ev",)),
     ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    # Validating admission webhooks (emulator_webhooks): the emulator calls the ones stored here.
+    ResourceSpec(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        namespaced=False,
+    ),
 )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TABLES", "Column", "crd_columns", "human_duration", "table"]
+__all__ = ["INCLUDE_OBJECT", "TABLES", "Column", "crd_columns", "human_duration", "table"]
 
 Obj = Mapping[str, Any]
 Cell = Callable[[Obj, datetime.datetime], Any]
@@ -216,6 +216,41 @@ def _namespace_phase(obj: Obj, _now: datetime.datetime) -> str:
     return str(_get(obj, "status.phase") or "")
 
 
+def _pod_ready(obj: Obj, _now: datetime.datetime) -> str:
+    statuses = _get(obj, "status.containerStatuses") or []
+    ready = sum(1 for st in statuses if st.get("ready") and (st.get("state") or {}).get("running"))
+    return f"{ready}/{len(_get(obj, 'spec.containers') or [])}"
+
+
+def _pod_status(obj: Obj, _now: datetime.datetime) -> str:
+    """``printPod``'s STATUS: the phase, or the last container's waiting/terminated reason, or Terminating."""
+    phase = str(_get(obj, "status.phase") or "")
+    reason = str(_get(obj, "status.reason") or phase)
+    for status in reversed(_get(obj, "status.containerStatuses") or []):
+        state = status.get("state") or {}
+        waiting, terminated = state.get("waiting") or {}, state.get("terminated")
+        if waiting.get("reason"):
+            reason = str(waiting["reason"])
+        elif terminated is not None:
+            signal = terminated.get("signal")
+            reason = str(
+                terminated.get("reason")
+                or (f"Signal:{signal}" if signal else f"ExitCode:{terminated.get('exitCode', 0)}")
+            )
+    if _get(obj, "metadata.deletionTimestamp") and phase not in ("Succeeded", "Failed"):
+        return "Terminating"
+    return reason
+
+
+def _pod_restarts(obj: Obj, _now: datetime.datetime) -> str:
+    return str(sum(int(st.get("restartCount") or 0) for st in _get(obj, "status.containerStatuses") or []))
+
+
+def _pod_ip(obj: Obj, _now: datetime.datetime) -> str:
+    ips = _get(obj, "status.podIPs") or []
+    return str(ips[0].get("ip") or "<none>") if ips else "<none>"
+
+
 NAME = Column("Name", _field("metadata.name"), format="name", description="Name must be unique within a namespace.")
 AGE = Column(
     "Age",
@@ -259,6 +294,21 @@ TABLES: dict[tuple[str, str], tuple[Column, ...]] = {
         Column("Kernel-Version", _field("status.nodeInfo.kernelVersion", "<unknown>"), priority=1),
         Column("Container-Runtime", _field("status.nodeInfo.containerRuntimeVersion", "<unknown>"), priority=1),
     ),
+    ("", "Pod"): (
+        NAME,
+        Column("Ready", _pod_ready, description="The aggregate readiness state of this pod for accepting traffic."),
+        Column("Status", _pod_status, description="The aggregate status of the containers in this pod."),
+        Column(
+            "Restarts",
+            _pod_restarts,
+            description="The number of times the containers in this pod have been restarted.",
+        ),
+        AGE,
+        Column("IP", _pod_ip, priority=1, description="IP address assigned to the pod"),
+        Column("Node", _field("spec.nodeName", "<none>"), priority=1, description="Name of the node assigned"),
+        Column("Nominated Node", _field("status.nominatedNodeName", "<none>"), priority=1),
+        Column("Readiness Gates", lambda _o, _n: "<none>", priority=1),
+    ),
     ("coordination.k8s.io", "Lease"): (NAME, Column("Holder", _field("spec.holderIdentity")), AGE),
     ("", "Namespace"): (NAME, Column("Status", _namespace_phase), AGE),
     ("", "ConfigMap"): (NAME, Column("Data", _count("data"), type="integer"), AGE),
@@ -275,9 +325,12 @@ def crd_columns(printer_columns: Sequence[Mapping[str, Any]]) -> tuple[Column, .
     def cell(spec: Mapping[str, Any]) -> Cell:
         def compute(obj: Obj, now: datetime.datetime) -> Any:
             value = _get(obj, str(spec.get("jsonPath", "")))
+            if value is None:
+                return None  # kubectl prints a null cell as <none>
             if spec.get("type") == "date":
-                return _since(value, now)
-            return "<none>" if value is None else value
+                moment = _time(value)
+                return "<invalid>" if moment is None else human_duration((now - moment).total_seconds())
+            return value
 
         return compute
 
@@ -285,7 +338,8 @@ def crd_columns(printer_columns: Sequence[Mapping[str, Any]]) -> tuple[Column, .
         Column(
             str(spec["name"]),
             cell(spec),
-            type="string" if spec.get("type") == "date" else str(spec.get("type", "string")),
+            type=str(spec.get("type", "string")),
+            format=str(spec.get("format", "")),
             priority=int(spec.get("priority", 0)),
             description=str(spec.get("description", spec["name"])),
         )
@@ -294,21 +348,33 @@ def crd_columns(printer_columns: Sequence[Mapping[str, Any]]) -> tuple[Column, .
     return (NAME, *declared)
 
 
+INCLUDE_OBJECT = ("Metadata", "Object", "None")
+"""``includeObject`` values: a row's object as PartialObjectMetadata (the default), whole, or left out."""
+
+
+def _row_object(item: Obj, include: str) -> Obj | None:
+    if include == "Object":
+        return dict(item)
+    if include == "None":
+        return None
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": item.get("metadata") or {}}
+
+
 def table(
-    items: Iterable[Obj], columns: Sequence[Column], now: datetime.datetime, resource_version: str
+    items: Iterable[Obj],
+    columns: Sequence[Column],
+    now: datetime.datetime,
+    resource_version: str,
+    *,
+    include: str = "Metadata",
 ) -> dict[str, Any]:
-    """The Table of ``items``: one row of cells per object, with its metadata as a PartialObjectMetadata."""
-    rows = [
-        {
-            "cells": [column.cell(item, now) for column in columns],
-            "object": {
-                "kind": "PartialObjectMetadata",
-                "apiVersion": "meta.k8s.io/v1",
-                "metadata": item.get("metadata") or {},
-            },
-        }
-        for item in items
-    ]
+    """The Table of ``items``: one row of cells per object, with the object as ``includeObject`` asks.
+
+    kubectl's ``--sort-by`` asks for ``includeObject=Object`` and sorts the rows by a field of each object; a row
+    carrying only metadata sorts on nothing, and kubectl prints "No resources found".
+    """
+    rows = [{"cells": [column.cell(item, now) for column in columns], "object": _row_object(item, include)}
+            for item in items]  # fmt: skip
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

@@ -1,10 +1,15 @@
 """A simulated homelab living inside the Kubernetes API emulator: machines that answer lifecycle Jobs.
 
 The operator never talks to machines; it creates startup/shutdown Jobs and watches kubelet Nodes. So the sim
-plays the two things a real cluster has and the emulator lacks: the Job controller (lifecycle Jobs run for
-``jobSeconds`` and end Complete or Failed, with the status the real controller writes) and the machines'
-kubelets (a booted machine registers its core v1 Node NotReady with the group's readiness taints, turns
-Ready, then loses the taints; a machine that stops leaves its Node Ready=Unknown). Fault switches per
+plays the two things a real cluster has and the emulator lacks: the Job controller and the kubelets. A lifecycle
+Job gets its Pods as the Job controller makes them (``homelab_sim.power_pods``: names, labels, owner, phases,
+each container's terminated state) and its Events (``SuccessfulCreate``, ``Completed``, ``BackoffLimitExceeded``,
+``DeadlineExceeded``); a Pod runs for ``jobSeconds`` and exits as its shell script says (or 1 when the machine's
+``startupJobFails``/``shutdownJobFails`` is set), its output served as the Pod's log (``kubectl logs job/<name>``);
+a failed Pod is followed by another up to the Job's ``backoffLimit``, after the controller's backoff; past
+``activeDeadlineSeconds`` (real time only) the running Pod is deleted and the Job fails ``DeadlineExceeded``.
+The machines' kubelets: a booted machine registers its core v1 Node NotReady with the group's readiness taints,
+turns Ready, then loses the taints; a machine that stops leaves its Node Ready=Unknown. Fault switches per
 machine reproduce the ways real hardware lets the operator down.
 
 It hooks the emulator through ``KubeEmulator.listeners``, so it reacts to whatever writes the Job — the
@@ -15,9 +20,10 @@ emulator's loop (real time, for ``homelab-autoscaler dev --simulate``). The cont
 through the emulator's admission (``patch_object(..., admit=True)``), as a real kubelet's are judged; what the
 sim installs at start (``put_object``) is the cluster as it already is.
 
-Not modelled: Pods of Jobs, the node-lifecycle controller's ``node.kubernetes.io/*`` taints, a kubelet
-re-registering a Node deleted while its machine runs (it stays deleted until the next boot), retries
-within a Job (every Job is one pod, one try). Everything here runs on the emulator's event loop; from
+Not modelled: Pods of Jobs that are not lifecycle Jobs of a machine here, the scheduler (the power Jobs' Pods
+run on ``homelab-control-plane``, named but not registered), the Pods' IPs, the Job TTL controller, the
+node-lifecycle controller's ``node.kubernetes.io/*`` taints, a kubelet re-registering a Node deleted while its
+machine runs (it stays deleted until the next boot). Everything here runs on the emulator's event loop; from
 another thread use ``HomelabServer`` (or ``EmulatorServer.call``).
 """
 
@@ -28,7 +34,7 @@ import contextlib
 import datetime
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
@@ -37,7 +43,7 @@ from typing import Any, Literal, TypeVar
 from api import names
 from api.names import JobType
 from api.v2alpha1 import GroupSpec, NodeSpec
-from homelab_sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, format_time
+from homelab_sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, UserInfo, format_time
 from homelab_sim.homelab_spec import (
     FAULT_NAMES,
     Faults,
@@ -47,6 +53,14 @@ from homelab_sim.homelab_spec import (
     Timings,
     load_homelab_spec,
     parse_homelab_spec,
+)
+from homelab_sim.power_pods import (
+    ScriptRun,
+    pod_for_job,
+    read_script,
+    running_status,
+    terminated_status,
+    termination_message,
 )
 
 __all__ = [
@@ -72,6 +86,7 @@ _log = logging.getLogger(__name__)
 
 _JOBS = ("batch", "v1", "jobs")
 _NODES = "v1", "nodes"
+_PODS = "v1", "pods"
 _CRD_API_VERSION = names.API_VERSION
 _SNAKE_FAULTS = dict(zip(FAULT_NAMES, Faults.model_fields, strict=True))
 
@@ -177,6 +192,21 @@ def _job_finished(job: Obj) -> bool:
     return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
 
 
+@dataclass
+class _JobRun:
+    """One lifecycle Job the simulated Job controller runs: its machine, its current Pod, the failures so far."""
+
+    machine: Machine
+    name: str
+    uid: str
+    job_type: JobType
+    backoff_limit: int
+    pod: str = ""
+    pod_uid: str = ""
+    failures: int = 0
+    scripts: dict[str, ScriptRun] = field(default_factory=dict)  # what each container of the current Pod does
+
+
 class Homelab:
     """Machines reacting to lifecycle Jobs, attached to a ``KubeEmulator``; all calls on the emulator's loop.
 
@@ -202,6 +232,8 @@ class Homelab:
         self._loop = loop
         self._timers: set[asyncio.TimerHandle] = set()
         self.machines: dict[str, Machine] = {}
+        self._runs: dict[str, _JobRun] = {}  # the lifecycle Jobs running, by uid
+        self._event_serial = 0
         for slot in spec.slots:
             self.machines[slot.name] = Machine(
                 slot=slot,
@@ -360,8 +392,10 @@ class Homelab:
         if kind == "ADDED" and spec.key == _JOBS:
             self._on_job(obj)
         elif kind == "DELETED" and spec.key == _JOBS:
+            meta = obj.get("metadata") or {}
+            self._runs.pop(str(meta.get("uid")), None)
             for machine in self.machines.values():
-                machine.running_jobs.discard(str((obj.get("metadata") or {}).get("name")))
+                machine.running_jobs.discard(str(meta.get("name")))
 
     def _on_job(self, job: Obj) -> None:
         meta = job.get("metadata") or {}
@@ -373,9 +407,15 @@ class Homelab:
             return
         if job_type not in (JobType.STARTUP, JobType.SHUTDOWN):
             return
-        name, uid = meta["name"], meta.get("uid")
+        name, uid = meta["name"], str(meta.get("uid"))
+        spec = job.get("spec") or {}
+        backoff_limit = spec.get("backoffLimit")
+        run = _JobRun(machine, name, uid, JobType(job_type), backoff_limit if isinstance(backoff_limit, int) else 6)
+        self._runs[uid] = run
         started = self._now()
-        self._job_status(name, uid, {"startTime": started, "active": 1})
+        # what the Job controller writes first (kube-controller-manager 1.35.4), then ready once its Pod runs
+        first = {"startTime": started, "active": 1, "ready": 0, "terminating": 0, "uncountedTerminatedPods": {}}
+        self._job_status(name, uid, first)
         self._record(machine, "job-started", f"{job_type} {name}")
         self.stats[f"{job_type} jobs"] += 1
         if machine.running_jobs:  # two lifecycle Jobs on one machine at once: someone lost track of a boot
@@ -383,14 +423,110 @@ class Homelab:
             self._record(machine, "jobs-overlap", f"{name} while {sorted(machine.running_jobs)}")
         machine.running_jobs.add(name)
         # activeDeadlineSeconds is enforced in real time only: a zero-delay homelab never waits on a clock
-        deadline = (job.get("spec") or {}).get("activeDeadlineSeconds") if self._realtime(machine) else None
-        if machine.faults.job_hangs or (deadline and deadline < machine.timings.job_seconds):
-            if machine.faults.job_hangs:
-                self._record(machine, "job-hangs", f"{job_type} {name}")
-            if deadline:
-                self._later(float(deadline), lambda: self._fail_job(machine, name, uid, "DeadlineExceeded"))
+        deadline = spec.get("activeDeadlineSeconds") if self._realtime(machine) else None
+        if deadline:
+            self._later(float(deadline), lambda: self._fail_job(run, "DeadlineExceeded"))
+        self._start_pod(run)
+
+    def _start_pod(self, run: _JobRun) -> None:
+        """The Job controller creates the Job's next Pod, and its kubelet starts it at once (its script's output is
+        the log); it ends after ``jobSeconds``, or never with ``jobHangs``."""
+        job = self._current_job(run.name, run.uid)
+        if job is None:
             return
-        self._later(machine.timings.job_seconds, lambda: self._finish_job(machine, name, uid, JobType(job_type)))
+        ns, machine = self.spec.namespace, run.machine
+        pod_name = self.emulator.generate_name("v1", "pods", ns, f"{run.name}-")
+        pod = self.emulator.put_object(*_PODS, pod_for_job(job, pod_name, self._now()), ns)
+        run.pod, run.pod_uid = pod_name, str(pod["metadata"]["uid"])
+        self._job_event(job, "Normal", "SuccessfulCreate", f"Created pod: {pod_name}")
+        containers = pod["spec"].get("containers") or []
+        run.scripts = {str(c.get("name")): read_script(c) for c in containers}
+        now = self.emulator.clock()
+        for container, script in run.scripts.items():
+            self.emulator.logs.write(run.pod_uid, container, script.output, now)
+        self.emulator.patch_object(
+            *_PODS, ns, pod_name, {"status": running_status(pod, format_time(now))}, "status", admit=True
+        )
+        self._job_status(run.name, run.uid, {"active": 1, "ready": 1})
+        if machine.faults.job_hangs:
+            self._record(machine, "job-hangs", f"{run.job_type} {run.name}")
+            return
+        pod_uid = run.pod_uid
+        self._later(machine.timings.job_seconds, lambda: self._end_pod(run, pod_uid))
+
+    def _pod(self, run: _JobRun, pod_uid: str) -> Obj | None:
+        pod = self.emulator.get_object(*_PODS, self.spec.namespace, run.pod)
+        return pod if pod is not None and pod["metadata"].get("uid") == pod_uid else None
+
+    def _end_pod(self, run: _JobRun, pod_uid: str) -> None:
+        """The Pod's containers exit as their scripts say, or 1 when the machine's fault fails this kind of Job;
+        the Job then completes, fails (past its backoffLimit), or gets its next Pod after the controller's backoff."""
+        if self._current_job(run.name, run.uid) is None or (pod := self._pod(run, pod_uid)) is None:
+            return
+        machine = run.machine
+        faulty = (
+            machine.faults.startup_job_fails if run.job_type is JobType.STARTUP else machine.faults.shutdown_job_fails
+        )
+        exits: dict[str, tuple[int, str]] = {}
+        now = self.emulator.clock()
+        for index, container in enumerate(pod["spec"].get("containers") or []):
+            cname = str(container.get("name"))
+            script = run.scripts.get(cname, ScriptRun())
+            if faulty and index == 0 and script.exit_code == 0:
+                fault = "startupJobFails" if run.job_type is JobType.STARTUP else "shutdownJobFails"
+                self.emulator.logs.write(pod_uid, cname, f"homelab simulator: fault {fault} is set: exit 1", now)
+                script = ScriptRun(script.output, 1, script.message_file)
+            log = "".join(f"{line.text}\n" for line in self.emulator.logs.of(pod_uid, cname))
+            exits[cname] = (script.exit_code, termination_message(container, script, log))
+        status = terminated_status(pod, exits, format_time(now))
+        self.emulator.patch_object(*_PODS, self.spec.namespace, run.pod, {"status": status}, "status", admit=True)
+        if status["phase"] == "Succeeded":
+            self._finish_job(run)
+            return
+        run.failures += 1
+        self._record(machine, "pod-failed", f"{run.pod} exit {max(code for code, _ in exits.values())}")
+        if run.failures > run.backoff_limit:
+            self._fail_job(run, "BackoffLimitExceeded")
+            return
+        self._job_status(run.name, run.uid, {"active": None, "ready": 0, "failed": run.failures})
+        # The controller's pod backoff: 10 s, doubling, at most 6 minutes (none for a zero-delay machine).
+        backoff = min(10.0 * 2 ** (run.failures - 1), 360.0) if self._realtime(machine) else 0.0
+        self._later(backoff, lambda: self._next_pod(run))
+
+    def _next_pod(self, run: _JobRun) -> None:
+        if self._current_job(run.name, run.uid) is not None:
+            self._start_pod(run)
+
+    def _job_event(self, job: Obj, kind: str, reason: str, message: str) -> None:
+        """An Event on the Job as the Job controller records it (``kubectl describe job`` lists them)."""
+        meta = job.get("metadata") or {}
+        moment = self.emulator.clock()
+        self._event_serial += 1
+        nanos = int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000 + self._event_serial
+        when = format_time(moment)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name')}.{nanos:x}", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "count": 1,
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "source": {"component": "job-controller"},
+            "reportingComponent": "job-controller",
+            "reportingInstance": "",
+        }
+        self.emulator.put_object("v1", "events", event, self.spec.namespace)
 
     def _current_job(self, name: str, uid: str | None) -> Obj | None:
         """The Job if it is still the one we started and still running (deleted or recreated Jobs are left)."""
@@ -410,11 +546,8 @@ class Homelab:
                 machine.running_jobs.discard(name)
         return True
 
-    def _finish_job(self, machine: Machine, name: str, uid: str | None, job_type: JobType) -> None:
-        fails = machine.faults.startup_job_fails if job_type is JobType.STARTUP else machine.faults.shutdown_job_fails
-        if fails:
-            self._fail_job(machine, name, uid, "BackoffLimitExceeded")
-            return
+    def _finish_job(self, run: _JobRun) -> None:
+        machine, name, job_type = run.machine, run.name, run.job_type
         now = self._now()
         conditions = [
             {
@@ -427,9 +560,12 @@ class Homelab:
             }
             for kind in ("SuccessCriteriaMet", "Complete")
         ]
-        done = {"active": None, "succeeded": 1, "completionTime": now, "conditions": conditions}
-        if not self._job_status(name, uid, done):
+        done = {"active": None, "ready": 0, "succeeded": 1, "completionTime": now, "conditions": conditions}
+        job = self._current_job(name, run.uid)
+        if job is None or not self._job_status(name, run.uid, done):
             return
+        self._runs.pop(run.uid, None)
+        self._job_event(job, "Normal", "Completed", "Job completed")
         self._record(machine, "job-succeeded", f"{job_type} {name}")
         if job_type is JobType.STARTUP:
             if machine.faults.never_boots:
@@ -441,7 +577,22 @@ class Homelab:
         elif machine.stage is not Stage.OFF:
             self._after(machine, machine.timings.shutdown_seconds, lambda: self._power_off(machine, "shut down"))
 
-    def _fail_job(self, machine: Machine, name: str, uid: str | None, reason: str) -> None:
+    def _fail_job(self, run: _JobRun, reason: str) -> None:
+        """The Job fails: past its backoffLimit, or past its activeDeadlineSeconds, when the controller deletes the
+        Pod still running (its container stopped by SIGTERM, exit 143) before it marks the Job Failed."""
+        job = self._current_job(run.name, run.uid)
+        if job is None:
+            return
+        failed = run.failures
+        pod = self._pod(run, run.pod_uid) if reason == "DeadlineExceeded" else None
+        if pod is not None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            failed += 1
+            now = format_time(self.emulator.clock())
+            exits = {name: (143, "") for name in run.scripts}
+            status = terminated_status(pod, exits, now)
+            self.emulator.patch_object(*_PODS, self.spec.namespace, run.pod, {"status": status}, "status", admit=True)
+            self.emulator.delete_object(*_PODS, self.spec.namespace, run.pod)
+            self._job_event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {run.pod}")
         now = self._now()
         message = {
             "BackoffLimitExceeded": "Job has reached the specified backoff limit",
@@ -458,8 +609,12 @@ class Homelab:
             }
             for kind in ("FailureTarget", "Failed")
         ]
-        if self._job_status(name, uid, {"active": None, "failed": 1, "conditions": conditions}):
-            self._record(machine, "job-failed", f"{name} {reason}")
+        if self._job_status(
+            run.name, run.uid, {"active": None, "ready": 0, "failed": max(failed, 1), "conditions": conditions}
+        ):
+            self._runs.pop(run.uid, None)
+            self._job_event(job, "Warning", reason, message)
+            self._record(run.machine, "job-failed", f"{run.name} {reason}")
 
     # ----------------------------------------------------------------------------------------------
     # The machines and their kubelets.
@@ -611,12 +766,13 @@ class HomelabServer:
         seed: bool = True,
         clock: Callable[[], datetime.datetime] | None = None,
         strict: bool | None = None,
+        users: Mapping[str, UserInfo] | None = None,
     ) -> None:
         self.spec = spec
         self.server = (
-            EmulatorServer(port, host, strict=strict)
+            EmulatorServer(port, host, strict=strict, users=users)
             if clock is None
-            else EmulatorServer(port, host, clock=clock, strict=strict)
+            else EmulatorServer(port, host, clock=clock, strict=strict, users=users)
         )
         self._time_scale = time_scale
         self._seed = seed

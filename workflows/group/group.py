@@ -55,6 +55,10 @@ TAKEN_OVER_SUPERSEDED = "taken-over-claims-superseded"
 # A live claim whose workflow is found not running when the group signals it (terminated by hand, or lost with
 # Temporal's state while the group's own run survived) is forgotten, and the reload takes it over from its resource.
 LOST_CLAIMS_TAKEN_OVER = "lost-claims-taken-over"
+# A failed claim's errored instance counts in the target until cluster-autoscaler deletes it (found against the
+# real cluster-autoscaler: a failure that left the target at once ended the scale-up as a success, so the group was
+# never backed off and its failing slot was asked again every loop).
+ERRORED_IN_TARGET = "target-counts-errored-instances"
 
 
 def _outcome_heard(done: asyncio.Future[Any]) -> None:
@@ -86,6 +90,7 @@ class Group(Verbs):
 
     async def run(self, ref: c.GroupRef, carried: GroupState | None = None) -> None:
         s = self.s
+        s.errored_in_target = workflow.patched(ERRORED_IN_TARGET)
         s.updates = 0
         workflow.upsert_search_attributes([KEY_GROUP.value_set(ref.group)])
         self.last_reload = self.now()
@@ -477,7 +482,12 @@ class Group(Verbs):
         async with self.lock:
             s = self.s
             self._check_decrease(delta)
-            for d in s.pending()[:-delta]:
+            # An errored instance is the least fulfilled request there is: it is forgotten before a pending claim is
+            # cancelled (only where it counts in the target).
+            errored = s.listed_failures() if s.errored_in_target else []
+            forgotten = {f.name for f in errored[:-delta]}
+            s.failures = [f for f in s.failures if f.name not in forgotten]
+            for d in s.pending()[: -delta - len(forgotten)]:
                 s.mark(d, ClaimReason.CANCELLED_BY_DECREASE_TARGET_SIZE)
             self._scaled(f"DecreaseTargetSize {delta}")
             return s.target_size()
@@ -489,11 +499,14 @@ class Group(Verbs):
             self._check_decrease(delta)
 
     def _check_decrease(self, delta: int) -> None:
-        pending = len(self.s.pending())
-        if -delta > pending:
+        s = self.s
+        pending = len(s.pending())
+        errored = len(s.listed_failures()) if s.errored_in_target else 0
+        if -delta > pending + errored:
+            failed = f" and {errored} failed instances" if errored else ""
             raise _refuse(
                 c.ERR_FAILED_PRECONDITION,
-                f"group {self.s.name}: cannot decrease the target by {-delta}: only {pending} claims are pending "
+                f"group {s.name}: cannot decrease the target by {-delta}: only {pending} claims are pending{failed} "
                 "(booting and ready machines are removed with DeleteNodes)",
             )
 

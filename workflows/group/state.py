@@ -189,11 +189,32 @@ class GroupState:
     # Claims whose workflow sent its final report, and when: a reload read before that may still list the
     # resource (not yet projected, collected or let go), and such a claim is never taken over again.
     ended: dict[str, datetime] = field(default_factory=dict)
+    # Set by each run behind the patch `target-counts-errored-instances`: an instance listed with its error counts
+    # in the target until cluster-autoscaler deletes it (DeleteNodes) or decreases the target past it.
+    errored_in_target: bool = False
 
     # --- derived -----------------------------------------------------------------------------------------
     def target_size(self) -> int:
-        """Live claims not marked for deletion: what cluster-autoscaler asked for and still wants."""
-        return sum(1 for d in self.claims.values() if law.is_live(d.phase) and not d.marked)
+        """Live claims not marked for deletion, and the failed ones still listed with their error.
+
+        cluster-autoscaler backs a group off only while its scale-up is in flight (target above the machines that
+        came): a failed instance that left the target at once ended that scale-up as a success, and the group was
+        asked again at once, until its slots ran out of attempts. An errored instance stays in the target, like a
+        cloud's failed VM, until cluster-autoscaler deletes it.
+        """
+        live = sum(1 for d in self.claims.values() if law.is_live(d.phase) and not d.marked)
+        return live + (len(self.listed_failures()) if self.errored_in_target else 0)
+
+    def listed_failures(self) -> list[c.ClaimDigest]:
+        """The failed claims listed as errored instances: remembered, on a slot that exists and has no live claim,
+        drain or release (a deleted slot is no instance: cluster-autoscaler could not delete it)."""
+        latest = {f.slot: f for f in self.failures}  # a slot's newest failure is the one listed
+        out: list[c.ClaimDigest] = []
+        for name, f in sorted(latest.items()):
+            slot = self.slots.get(name)
+            if slot is not None and slot.exists and not (slot.live_claim or slot.draining_claim or slot.releasing):
+                out.append(f)
+        return out
 
     def phase_counts(self) -> dict[str, int]:
         """Claims the group tracks, by phase (every phase present, so a gauge drops to zero)."""
@@ -358,7 +379,7 @@ class GroupState:
     def instances(self) -> list[c.Instance]:
         """Every slot with a live claim, a drain, a release or a machine on, as cluster-autoscaler sees it."""
         out: list[c.Instance] = []
-        failed = {f.slot: f for f in self.failures}
+        failed = {f.slot: f for f in self.listed_failures()}
         for slot in sorted(self.slots.values(), key=lambda s: s.name):
             claim = self.claims.get(slot.live_claim) if slot.live_claim else None
             if claim is not None:

@@ -1,0 +1,46 @@
+"""Workflow tasks that did not complete, read from the histories of one figure's workflows: a task Temporal timed
+out (started, then nothing from the worker for the task timeout) is a worker that took work it could not do in
+time; the goal is none, in every figure."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+
+
+@dataclass
+class TaskTrouble:
+    """Per figure: workflows read, workflow tasks timed out and failed, and the workflows they happened in."""
+
+    workflows: int = 0
+    timed_out: int = 0
+    failed: int = 0
+    where: Counter[str] = field(default_factory=Counter)
+
+    def text(self) -> str:
+        worst = ", ".join(f"{w} {n}" for w, n in self.where.most_common(3))
+        return f"{self.timed_out} timed out, {self.failed} failed in {self.workflows} workflows" + (
+            f" ({worst})" if worst else ""
+        )
+
+
+async def task_trouble(client: Client, task_queue: str) -> TaskTrouble:
+    """Every run of every workflow on `task_queue` (each figure has its own), read to its last event."""
+    out = TaskTrouble()
+    async for wf in client.list_workflows(f"TaskQueue = '{task_queue}'"):
+        out.workflows += 1
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        for e in history.events:
+            if e.event_type == TIMED_OUT:
+                out.timed_out += 1
+                out.where[wf.id] += 1
+            elif e.event_type == FAILED:
+                out.failed += 1
+                out.where[wf.id] += 1
+    return out

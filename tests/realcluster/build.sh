@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK) from the Go
+# module proxy into a cache directory keyed by tests/realcluster/versions.env, and says whether cluster-autoscaler
+# can be had. Idempotent, and safe to run twice at once (one flock per cache key). Prints the directory last.
+#
+#   tests/realcluster/build.sh            build what is missing, print the bin directory
+#   tests/realcluster/build.sh --where    print the bin directory only (nothing is built)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+root=${HOMELAB_CLUSTER_BINS:-${XDG_CACHE_HOME:-$HOME/.cache}/homelab-autoscaler/cluster-bins}
+key="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
+dir="$root/$key"
+if [[ "${1:-}" == "--where" ]]; then
+  echo "$dir"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "build.sh: no 'go' on PATH (Go >= 1.26 is needed)" >&2; exit 2; }
+command -v flock >/dev/null || { echo "build.sh: no 'flock' on PATH (util-linux)" >&2; exit 2; }
+mkdir -p "$root" "$dir/bin"
+exec 9>"$root/.$key.lock"
+if ! flock -n 9; then
+  echo "build.sh: another build of $key is running; waiting for it (at most 90 min)" >&2
+  flock -w 5400 9 || { echo "build.sh: gave up waiting for the lock on $root/.$key.lock" >&2; exit 1; }
+fi
+
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+work=$(mktemp -d "$root/.work-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+summary=()
+
+stamp() { date +%s; }
+took() { echo $(( $(stamp) - $1 )); }
+
+# One wrapper module per tool: requiring them side by side raises shared dependencies by minimum version
+# selection and the Kubernetes packages stop compiling.
+build_kubernetes() {
+  local m="$work/kubernetes" staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go
+    cloud-provider cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
+    cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
+    kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission
+    sample-apiserver sample-cli-plugin sample-controller)
+  mkdir -p "$m"
+  {
+    echo "module homelab-autoscaler.test/kubernetes-bins"
+    echo
+    echo "go 1.25.0"
+    echo
+    echo "godebug default=go1.25"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    for s in "${staging[@]}"; do echo "	k8s.io/$s => k8s.io/$s $STAGING_VERSION"; done
+    echo ")"
+  } >"$m/go.mod"
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local now; now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  local ld="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$now"
+  done
+  (cd "$m" && go mod download k8s.io/kubernetes &&
+    go build -trimpath -ldflags "$ld" -o "$m/out/" k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubectl)
+  # kubectl of the same release applies deploy/ as a user would (`apply --server-side -k`).
+  mv -f "$m/out/kube-apiserver" "$m/out/kube-controller-manager" "$m/out/kube-scheduler" "$m/out/kubectl" "$dir/bin/"
+}
+
+build_etcd() {
+  local m="$work/etcd"
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/etcd-bins\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' \
+    "$ETCD_VERSION" >"$m/go.mod"
+  (cd "$m" && go mod download go.etcd.io/etcd/server/v3 &&
+    go build -trimpath -ldflags "-s -w" -o "$m/etcd" go.etcd.io/etcd/server/v3)
+  mv -f "$m/etcd" "$dir/bin/etcd"
+}
+
+build_kwok() {
+  local m="$work/kwok"
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/kwok-bins\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok %s\n' \
+    "$KWOK_VERSION" >"$m/go.mod"
+  (cd "$m" && go mod download sigs.k8s.io/kwok &&
+    go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+      -o "$m/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  # The standalone binary has no default Stages: keep the upstream ones beside it, the harness picks from them.
+  local src
+  src=$(cd "$m" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  rm -rf "$dir/kwok-stages"
+  cp -r "$src/kustomize/stage" "$dir/kwok-stages"
+  chmod -R u+w "$dir/kwok-stages"
+  mv -f "$m/kwok" "$dir/bin/kwok"
+}
+
+# cluster-autoscaler: built when the proxy serves it; otherwise the exact refusal is kept for the harness to print.
+# Its go.mod replaces its apis module with ./apis, which a dependency loses: the wrapper pins the apis module to the
+# same commit and repeats the rest of its replace block. No `go mod tidy`: tidy considers every build tag and would
+# pull every cloud's SDK; `-tags externalgrpc` builds the one provider used.
+build_cluster_autoscaler() {
+  local m="$work/ca" err line gomod
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/ca-bins\n\ngo 1.25.0\n' >"$m/go.mod"
+  if ! err=$(cd "$m" && timeout 300 go mod download -json \
+      "$CLUSTER_AUTOSCALER_MODULE@$CLUSTER_AUTOSCALER_VERSION" 2>&1); then
+    # `go mod download -json` puts the refusal in an "Error" field; keep that line (the exact error), else all.
+    line=$(printf '%s\n' "$err" | sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' | sed 's/\\n\\t/ /g; s/\\t/ /g')
+    printf 'the Go module proxy refused it: %s\n' "${line:-$err}" >"$dir/cluster-autoscaler.unavailable"
+    return 3
+  fi
+  gomod=$(printf '%s\n' "$err" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+  {
+    echo "module homelab-autoscaler.test/ca-bins"
+    echo
+    echo "go 1.25.0"
+    echo
+    echo "godebug default=go1.25"
+    echo
+    echo "require ("
+    echo "	$CLUSTER_AUTOSCALER_MODULE $CLUSTER_AUTOSCALER_VERSION"
+    echo "	$CLUSTER_AUTOSCALER_MODULE/apis $CLUSTER_AUTOSCALER_VERSION"
+    echo ")"
+    echo
+    # Every single-line replace of cluster-autoscaler's own go.mod, but the local ./apis one.
+    grep -E '^replace [^ ]+ => [^ .][^ ]* v[^ ]+$' "$gomod" | grep -v '=> \./' || true
+  } >"$m/go.mod"
+  (cd "$m" && go build -trimpath -tags externalgrpc -ldflags "-s -w" -o "$m/cluster-autoscaler" \
+    "$CLUSTER_AUTOSCALER_MODULE") || { echo "cluster-autoscaler served but did not build" \
+      >"$dir/cluster-autoscaler.unavailable"; return 1; }
+  mv -f "$m/cluster-autoscaler" "$dir/bin/cluster-autoscaler"
+}
+
+run() {
+  local name=$1 checks=$2 fn=$3 t0 rc=0 have=1 c
+  for c in $checks; do
+    [[ -e "$dir/$c" ]] || have=0
+  done
+  if [[ $have -eq 1 ]]; then
+    summary+=("$(printf '%-26s cached' "$name")")
+    return 0
+  fi
+  echo "build.sh: building $name ..." >&2
+  t0=$(stamp)
+  "$fn" >&2 || rc=$?
+  if [[ $rc -eq 0 ]]; then
+    summary+=("$(printf '%-26s built in %4d s' "$name" "$(took "$t0")")")
+  elif [[ $rc -eq 3 ]]; then
+    summary+=("$(printf '%-26s unavailable: %s' "$name" "$(tr '\n' ' ' <"$dir/cluster-autoscaler.unavailable")")")
+  else
+    echo "build.sh: building $name failed (exit $rc)" >&2
+    exit 1
+  fi
+}
+
+t_all=$(stamp)
+run "kubernetes $KUBERNETES_VERSION" "bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubectl" build_kubernetes
+run "etcd $ETCD_VERSION" bin/etcd build_etcd
+run "kwok $KWOK_VERSION" "bin/kwok kwok-stages" build_kwok
+rm -f "$dir/cluster-autoscaler.unavailable"
+if [[ ! -x "$dir/bin/cluster-autoscaler" ]]; then
+  run "cluster-autoscaler" bin/cluster-autoscaler build_cluster_autoscaler
+fi
+{
+  for line in "${summary[@]}"; do echo "build.sh: $line"; done
+  echo "build.sh: $(took "$t_all") s in all, into $dir"
+} >&2
+echo "$dir/bin"
