@@ -155,17 +155,20 @@ class KubeActivities:
             created = self.kube.create_claim(claim)
         except Invalid as exc:
             raise _fail(Failure.CLAIM_REFUSED, f"{what}: {views.without_values(str(exc))}") from None
-        if created.status.phase is not None:
-            return  # a retry: the first attempt got this far
         with _mapped(what):
-            written = self.kube.patch_raw(
-                CLAIMS,
-                seed.namespace,
-                seed.name,
-                {"status": {"phase": seed.phase, "attempt": seed.attempt, "reason": seed.reason or None}},
-                status=True,
-            )
-            ref = ObjectRef(names.KIND_NODECLAIM, seed.namespace, seed.name, str(_meta(written).get("uid") or ""))
+            uid = created.metadata.uid or ""
+            # A retry whose first attempt stored the status goes on to the Event (named by its occurrence, so an
+            # Event that landed too is found, not repeated): the Event follows the write that landed, always.
+            if created.status.phase is None:
+                written = self.kube.patch_raw(
+                    CLAIMS,
+                    seed.namespace,
+                    seed.name,
+                    {"status": {"phase": seed.phase, "attempt": seed.attempt, "reason": seed.reason or None}},
+                    status=True,
+                )
+                uid = str(_meta(written).get("uid") or uid)
+            ref = ObjectRef(names.KIND_NODECLAIM, seed.namespace, seed.name, uid)
             self.kube.create_event(
                 ref,
                 names.EventReason.CLAIM_CREATED,

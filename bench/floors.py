@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import grpc
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from bench.procs import bounded, free_port
 from bench.trivial import FLOOR_QUEUE, OneActivity, SignalTwoActivities, noop
 from homelab_autoscaler.settings import WorkerSettings
-from homelab_autoscaler.temporal import pollers
+from homelab_autoscaler.temporal import DATA_CONVERTER, STICKY_WAIT, pollers, sandbox_runner
 
 
 def _seconds(event: HistoryEvent) -> float:
@@ -33,6 +33,8 @@ async def floor_worker(client: Client) -> AsyncIterator[Worker]:
         task_queue=FLOOR_QUEUE,
         workflows=[OneActivity, SignalTwoActivities],
         activities=[noop],
+        max_concurrent_workflow_tasks=WorkerSettings().workflow_task_slots,
+        sticky_queue_schedule_to_start_timeout=STICKY_WAIT,
         workflow_task_poller_behavior=pollers(WorkerSettings().task_pollers),
         activity_task_poller_behavior=pollers(WorkerSettings().task_pollers),
     )
@@ -58,6 +60,18 @@ async def one_activity_burst(client: Client, n: int, timeout: float) -> tuple[fl
         asyncio.gather(*(h.result() for h in handles)), timeout=timeout, what=f"{n} trivial workflows to complete"
     )
     return time.monotonic() - began, handles[0].id
+
+
+async def replay_seconds(client: Client, workflow_id: str, workflows: Sequence[type], times: int = 10) -> float:
+    """The mean time to replay a workflow's (last run's) history in this process, sandboxed as the operator's
+    worker does: what a workflow evicted from the cache costs at its next task."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    replayer = Replayer(workflows=workflows, workflow_runner=sandbox_runner(), data_converter=DATA_CONVERTER)
+    await replayer.replay_workflow(history)  # the first replay imports the workflow's modules
+    began = time.perf_counter()
+    for _ in range(times):
+        await replayer.replay_workflow(history)
+    return (time.perf_counter() - began) / times
 
 
 async def history_length(client: Client, workflow_id: str) -> int:

@@ -154,12 +154,15 @@ class Process:
 async def worker(p: Process) -> None:
     """Every workflow and activity on one task queue, until stop."""
     queue = p.settings.section(QueueSettings)
+    tuning = p.settings.section(WorkerSettings)
     built = build_worker(
         p.client,
         KubeActivities(p.kube).all(),
         task_queue=queue.task_queue,
-        max_activity_threads=p.settings.section(WorkerSettings).activity_threads,
-        task_pollers=p.settings.section(WorkerSettings).task_pollers,
+        max_activity_threads=tuning.activity_threads,
+        task_pollers=tuning.task_pollers,
+        workflow_task_slots=tuning.workflow_task_slots,
+        max_cached_workflows=tuning.cached_workflows,
     )
     temporal = p.settings.section(TemporalSettings)
     log.info("worker polling %s on %s (%s)", queue.task_queue, temporal.address, temporal.namespace)

@@ -135,6 +135,18 @@ class WorkerSettings(BaseModel):
         le=500,
         description="most polls held at once for workflow tasks, and as many for activity tasks (Temporal scales them)",
     )
+    workflow_task_slots: int = Field(
+        8,
+        ge=1,
+        le=500,
+        description="workflow tasks run at once (more than the interpreter keeps up with time out in Temporal)",
+    )
+    cached_workflows: int = Field(
+        1000,
+        ge=0,
+        le=100_000,
+        description="workflows kept in memory between their tasks (one evicted replays its history at its next task)",
+    )
 
 
 class NamespaceSettings(BaseModel):

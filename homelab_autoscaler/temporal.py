@@ -17,7 +17,13 @@ from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker, WorkerTuner
+from temporalio.worker import (
+    Interceptor,
+    PollerBehaviorAutoscaling,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkerTuner,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import workflows
@@ -177,6 +183,13 @@ def pollers(most: int) -> PollerBehaviorAutoscaling:
     return PollerBehaviorAutoscaling(minimum=1, maximum=most, initial=min(5, most))
 
 
+# Workflow tasks share one interpreter: the SDK's default of 100 at once let a burst of 300 claims take tasks it
+# could not finish within Temporal's 10-second task timeout (21 timed out in `make bench` P2 at 300; 0 with 8 at
+# once, and the burst no slower). With few slots a task may wait its turn in the worker's sticky queue: 30 s
+# before Temporal hands it to another poll (with 4 slots and the 10-second default, 226 sticky timeouts).
+STICKY_WAIT = timedelta(seconds=30)
+
+
 def build_worker(
     client: Client,
     activities: Sequence[Any],
@@ -184,16 +197,20 @@ def build_worker(
     task_queue: str = TASK_QUEUE,
     max_activity_threads: int = 16,
     task_pollers: int = 50,
+    workflow_task_slots: int = 8,
     max_cached_workflows: int = 1000,
     sandboxed: bool = True,
     tuner: WorkerTuner | None = None,
+    interceptors: Sequence[Interceptor] = (),
 ) -> Worker:
     """One worker for every workflow and activity; activities are synchronous (the kubernetes client is).
 
     `max_cached_workflows=0` replays every workflow task from its history (no sticky queue): slower, and what a
     test wants when it restarts workers at random, or wants every step replayed. `sandboxed=False` is for such a
     test only: the sandbox guards workflow code against I/O and clocks, which tests/test_hygiene.py checks too.
-    `tuner` hands out the task slots (a test counts the workflow tasks in flight with it).
+    `tuner` hands out the task slots (a test counts the workflow tasks in flight with it); without one,
+    `workflow_task_slots` bounds the workflow tasks run at once (`STICKY_WAIT` says why). `interceptors` go after
+    the operator's own (a test's).
     """
     return Worker(
         client,
@@ -203,8 +220,10 @@ def build_worker(
         activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=max_activity_threads),
         workflow_runner=sandbox_runner() if sandboxed else UnsandboxedWorkflowRunner(),
         max_cached_workflows=max_cached_workflows,
-        interceptors=[ExpectedFailures()],
+        interceptors=[ExpectedFailures(), *interceptors],
         tuner=tuner,
+        max_concurrent_workflow_tasks=None if tuner is not None else workflow_task_slots,
+        sticky_queue_schedule_to_start_timeout=STICKY_WAIT,
         workflow_task_poller_behavior=pollers(task_pollers),
         activity_task_poller_behavior=pollers(task_pollers),
     )

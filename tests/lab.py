@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,13 +23,20 @@ from typing import Any
 
 from homelab_sim.homelab import HomelabServer
 from homelab_sim.homelab_spec import parse_homelab_spec
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import (
+    ActivityInboundInterceptor,
     CustomSlotSupplier,
+    ExecuteActivityInput,
     FixedSizeSlotSupplier,
+    Interceptor,
     SlotMarkUsedContext,
     SlotPermit,
     SlotReleaseContext,
@@ -111,12 +118,8 @@ def refusal_watching_runtime() -> Runtime:
     return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=filters, forwarding=forwarding)))
 
 
-class InFlight(CustomSlotSupplier):
-    """Hands out workflow task slots without limit and counts the tasks the worker holds right now.
-
-    The time-skipping server strands a workflow whose task cancels a timer that fired while the task was with
-    the worker (see `Lab.settle_after_skip`); a driver that skips time only when no task is out avoids the race.
-    """
+class Held(CustomSlotSupplier):
+    """Hands out task slots without limit and counts the tasks the worker holds right now."""
 
     def __init__(self) -> None:
         self.held = 0
@@ -134,10 +137,28 @@ class InFlight(CustomSlotSupplier):
         if ctx.slot_info is not None:
             self.held -= 1
 
+
+class InFlight:
+    """Counts the workflow tasks and the local activities the worker holds right now.
+
+    The time-skipping server strands a workflow whose task cancels a timer that fired while the task was with
+    the worker (see `Lab.settle_after_skip`); a driver that skips time only when no task is out avoids the race. A
+    workflow task running local activities (generation 8 on) is out until they end, so they count too.
+    """
+
+    def __init__(self) -> None:
+        self.tasks = Held()
+        self.local = Held()
+
+    @property
+    def held(self) -> int:
+        return self.tasks.held + self.local.held
+
     def tuner(self) -> WorkerTuner:
         fixed = FixedSizeSlotSupplier(100)
         return WorkerTuner.create_composite(
-            workflow_supplier=self, activity_supplier=FixedSizeSlotSupplier(16), local_activity_supplier=fixed,
+            workflow_supplier=self.tasks, activity_supplier=FixedSizeSlotSupplier(16),
+            local_activity_supplier=self.local,
             nexus_supplier=fixed,
         )  # fmt: skip
 
@@ -152,6 +173,38 @@ class InFlight(CustomSlotSupplier):
             else:
                 await asyncio.sleep(0.01)
         return False
+
+
+class _HoldingTheClock(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, client: Client) -> None:
+        super().__init__(next)
+        self.client = client
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        if not activity.info().is_local:
+            return await super().execute_activity(input)
+        await self.client.test_service.lock_time_skipping(LockTimeSkippingRequest())
+        try:
+            return await super().execute_activity(input)
+        finally:
+            await self.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+
+
+class HoldsTheClock(Interceptor):
+    """A local activity holds the time-skipping server's clock while it runs, as a regular activity does there.
+
+    Without it a skip went on while a workflow task ran local activities: a timer of that workflow fired meanwhile,
+    and the task's completion, cancelling the timer, was refused for good ("invalid history builder state for
+    action"; a server that serves a cluster takes that cancel and drops the fired timer). Held, the clock still
+    moves at real pace: a task that cancels a timer coming due within the task's own run time is refused there all
+    the same, so a test does not end a skip just before a timer it is about to cancel.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _HoldingTheClock(next, self.client)
 
 
 class ClockStalled(Exception):
@@ -192,6 +245,7 @@ class Lab:
             max_cached_workflows=self.cached_workflows,
             sandboxed=self.sandboxed,
             tuner=self.in_flight.tuner(),
+            interceptors=[HoldsTheClock(self.client)],
         )
         await self.worker.__aenter__()
 
@@ -604,3 +658,24 @@ def history_text(history: WorkflowHistory) -> str:
     raw = history.to_json()
     walk(json.loads(raw))
     return raw + "\n" + "\n".join(decoded)
+
+
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
+    """Each event's activity call, by name ("" for any other event): a scheduled activity, or a local activity's
+    marker (generation 8 on), so a test reads the order of calls whichever way they ran."""
+    names = []
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names.append(e.activity_task_scheduled_event_attributes.activity_type.name)
+        elif (
+            e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+            and e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
+        ):
+            data = e.marker_recorded_event_attributes.details["data"].payloads[0].data
+            names.append(str(json.loads(data).get("activity_type", "")))
+        else:
+            names.append("")
+    return names

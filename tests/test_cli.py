@@ -312,6 +312,8 @@ BAD_VALUES: dict[str, str] = {
     "namespaces": "Not_A_Namespace",
     "activity_threads": "0",
     "task_pollers": "0",
+    "workflow_task_slots": "0",
+    "cached_workflows": "-1",
     "provider_address": "nonsense",
     "tls_cert": "/nonexistent/server.pem",
     "tls_key": "/nonexistent/server.key",

@@ -334,3 +334,15 @@ async def test_a_stored_claim_no_contract_accepts_is_only_warned_about_not_a_fai
             assert await watchers.writer.slot((NS, "s1"), datetime.now(UTC)) in (True, False)
         finally:
             watchers.close()
+
+
+async def test_a_claims_created_event_follows_its_stored_status_when_the_event_failed_first() -> None:
+    """The creation's Event failed (the API refused Events a few times) after the claim's status landed: the retry
+    found the status stored and used to return without the Event. Every move's Event is there once."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        refused = Fault(match=lambda r: r.plural == "events" and r.verb == "create", status=503, times=3)
+        lab.lab.emulator.faults.append(refused)
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert refused.times == 0, "the Events were refused"
+        assert event_reasons(lab, name) == ["ClaimCreated", "ClaimBooting", "ClaimReady"]

@@ -38,6 +38,11 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+# Reports are output only (nothing decides from them): a slot's report waits this long after the first event that
+# made it dirty, so what changes together is written together.
+REPORT_COALESCE = timedelta(seconds=1)
+
+
 class Watchers:
     """The watchers of some namespaces (all when none are given); `elector` None means always the leader."""
 
@@ -51,8 +56,10 @@ class Watchers:
         clock: Callable[[], datetime] = utc_now,
         window: int = 30,
         resync: timedelta = timedelta(minutes=5),
+        coalesce: timedelta = REPORT_COALESCE,
     ) -> None:
         self.kube = kube
+        self.coalesce = coalesce
         self.signals = signals
         self.elector = elector
         self.clock = clock
@@ -155,9 +162,11 @@ class Watchers:
             await asyncio.sleep(every)
 
     async def _write_reports(self, dirty: asyncio.Event) -> None:
-        """The reports the events made dirty, written after the signals those events sent, coalesced per slot."""
+        """The reports the events made dirty, written after the signals those events sent, coalesced per slot and
+        over `coalesce`: the changes of one move (a phase, its Job, the machine's power) make one write."""
         while True:
             await dirty.wait()
+            await asyncio.sleep(self.coalesce.total_seconds())
             try:
                 await self.dispatcher.write_reports()
             except Exception:  # a report left behind is written by the next event or the resync

@@ -21,7 +21,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from api import contracts as c
 from api.names import CLAIM_TTL_SECONDS_AFTER_FINISHED, ClaimCall, ClaimPhase, ClaimReason, ConditionType
@@ -33,7 +33,7 @@ from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
 from workflows.handles import NOT_RUNNING, signal_outcome
 from workflows.release import ReleaseWorkflow
-from workflows.verbs import Verbs
+from workflows.verbs import CallFailed, Verbs, run_activity
 
 # The truth read of the group's resources: watchers ask for a reload on every change; this bounds a lost one.
 # How long a deleted group waits for its claims to release their machines before it ends.
@@ -379,14 +379,8 @@ class Group(Verbs):
 
     async def _housekeeping_write(self, name: str, arg: Any, summary: str) -> bool:
         try:
-            await workflow.execute_activity(
-                name,
-                arg,
-                start_to_close_timeout=TIMINGS.write_timeout,
-                retry_policy=HOUSEKEEPING_RETRY,
-                summary=summary,
-            )
-        except ActivityError as err:
+            await run_activity(name, arg, timeout=TIMINGS.write_timeout, retry=HOUSEKEEPING_RETRY, summary=summary)
+        except CallFailed as err:
             workflow.logger.warning("%s failed: %s", summary, err.cause or err)
             return False
         return True
