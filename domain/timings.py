@@ -53,11 +53,17 @@ class Timings:
     # Activity timeouts: a write (with its retries inside the workflow) and a read that feeds a poll.
     write_timeout: timedelta = timedelta(seconds=30)
     read_timeout: timedelta = timedelta(seconds=15)
+    # A local activity's retry waits in the worker up to this long; a longer backoff is a workflow timer (every retry
+    # policy starts at a second, so every retry is one: in the history, and no workflow task held open meanwhile).
+    local_retry_threshold: timedelta = timedelta(milliseconds=500)
     # How long a watcher waits for a workflow's answer to a Query before it moves on (the next event asks again).
     watcher_query_timeout: timedelta = timedelta(seconds=3)
     # A claim whose slot or group does not exist is failed once it is this old: the slot applied beside it (the
     # same `kubectl apply`, another watch's stream) has had time to arrive.
     homeless_claim_grace: timedelta = timedelta(minutes=1)
+    # A slot's report waits this long after the first event that made it dirty, so what changes together (a move's
+    # phase, its Job, the machine's power) is written together. Reports are output only.
+    report_coalesce: timedelta = timedelta(seconds=1)
 
 
 TIMINGS = Timings()

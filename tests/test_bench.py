@@ -31,6 +31,7 @@ ROWS = (
     "P3 NodeGroupNodes",
     "P3 Refresh",
     "P4 history events",
+    "P4 replay of a lifecycle",
     "P4 API writes per claim phase move",
     "P4 API writes in an idle minute",
     "P1 staggered",

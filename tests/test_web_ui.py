@@ -262,22 +262,29 @@ async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: P
         )
         await page.screenshot(tmp_path / "claim-failed.png")
 
-        # A claim's page: its timeline names the timers the workflow started (each as its own row), and its last
-        # move ("record ready on claim ...") is the newest row of the timeline.
+        # A claim's page: its timeline names the timers the workflow started (each as its own row) and its
+        # Kubernetes calls (local activities, one row each, named by the call: `record_claim` for a move).
         await page.navigate(workflow_url(demo.server, claim.workflow_id))
         await page.wait_for_text(
             lambda t: (
                 claim.workflow_id in t
-                and timers <= {line.strip() for line in t.splitlines()}
-                and f"record ready on claim {claim.name}" in t
+                and timers | {c.Act.RECORD_CLAIM, c.Act.OPEN_GATE} <= {line.strip() for line in t.splitlines()}
             ),
             timeout=UI_WAIT,
-            what=f"the timeline of {claim.workflow_id} naming its timers {sorted(timers)}",
+            what=f"the timeline of {claim.workflow_id} naming its timers {sorted(timers)} and its calls",
         )
         named = min(timers)
         assert await page.scroll_to(named), f"no element shows {named!r}"
         await asyncio.sleep(0.5)  # let the scroll settle before the picture
         await page.screenshot(tmp_path / "claim-timeline.png")
+
+        # Its event history gives each call its summary: the last move reads "record ready on claim ...".
+        await page.navigate(workflow_url(demo.server, claim.workflow_id, f"/{run_id}/history"))
+        await page.wait_for_text(
+            lambda t: f"record ready on claim {claim.name}" in t and "Local Activity" in t,
+            timeout=UI_WAIT,
+            what=f"the event history of {claim.workflow_id} with its last move's summary",
+        )
 
         # ... and its static summary, under User Metadata.
         summary = f"claim {claim.name} for slot {claim.slot} in group {GROUP}, attempt 1"

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client
 
 from api.contracts import TASK_QUEUE
+from domain.timings import TIMINGS
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, Resource
 from watchers.cluster import Cluster
 from watchers.dispatch import Dispatcher
@@ -38,11 +39,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-# Reports are output only (nothing decides from them): a slot's report waits this long after the first event that
-# made it dirty, so what changes together is written together.
-REPORT_COALESCE = timedelta(seconds=1)
-
-
 class Watchers:
     """The watchers of some namespaces (all when none are given); `elector` None means always the leader."""
 
@@ -56,7 +52,7 @@ class Watchers:
         clock: Callable[[], datetime] = utc_now,
         window: int = 30,
         resync: timedelta = timedelta(minutes=5),
-        coalesce: timedelta = REPORT_COALESCE,
+        coalesce: timedelta = TIMINGS.report_coalesce,
     ) -> None:
         self.kube = kube
         self.coalesce = coalesce

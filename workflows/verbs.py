@@ -47,10 +47,9 @@ READ_RETRY = RetryPolicy(
 # Kubernetes writes and reads run as local activities (history generation 8 on): the worker that runs the workflow
 # task runs the call and records its result in the task's completion, so no activity task goes through Temporal's
 # server (three events, a task queue round trip and a workflow task less per call). Their retries are the SDK's:
-# a backoff longer than LOCAL_RETRY_THRESHOLD is a workflow timer (visible in the history, skipped by the
+# a backoff longer than TIMINGS.local_retry_threshold is a workflow timer (visible in the history, skipped by the
 # time-skipping server), so no workflow task is held open while the API server is away.
 LOCAL_ACTIVITIES = "activities-run-local"
-LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
 
 
 def run_activity(
@@ -70,7 +69,7 @@ def run_activity(
             result_type=result_type,
             start_to_close_timeout=timeout,
             retry_policy=retry,
-            local_retry_threshold=LOCAL_RETRY_THRESHOLD,
+            local_retry_threshold=TIMINGS.local_retry_threshold,
             summary=summary,
         )
     return workflow.execute_activity(
