@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
@@ -22,11 +22,16 @@ class TaskTrouble:
     timed_out: int = 0
     failed: int = 0
     where: Counter[str] = field(default_factory=Counter)
+    causes: Counter[str] = field(default_factory=Counter)  # a failed task's cause, as Temporal names it
 
     def text(self) -> str:
         worst = ", ".join(f"{w} {n}" for w, n in self.where.most_common(3))
-        return f"{self.timed_out} timed out, {self.failed} failed in {self.workflows} workflows" + (
-            f" ({worst})" if worst else ""
+        why = ", ".join(f"{cause} {n}" for cause, n in self.causes.most_common())
+        return (
+            f"{self.timed_out} timed out, {self.failed} failed"
+            + (f" ({why})" if why else "")
+            + f" in {self.workflows} workflows"
+            + (f" ({worst})" if worst else "")
         )
 
 
@@ -43,4 +48,6 @@ async def task_trouble(client: Client, task_queue: str) -> TaskTrouble:
             elif e.event_type == FAILED:
                 out.failed += 1
                 out.where[wf.id] += 1
+                cause = WorkflowTaskFailedCause.Name(e.workflow_task_failed_event_attributes.cause)
+                out.causes[cause.removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")] += 1
     return out
