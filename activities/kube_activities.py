@@ -26,7 +26,7 @@ from api.names import Failure, JobType
 from api.v2alpha1 import ClaimDigest, Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
 from kube import views
 from kube.adapter import CLAIMS, GROUPS, SLOTS, Kube, ObjectRef
-from kube.errors import Invalid, NotFound
+from kube.errors import Invalid, KubeError, NotFound
 from kube.objects import meta as _meta
 from kube.objects import spec as _spec
 from kube.objects import status as _status
@@ -99,6 +99,7 @@ class KubeActivities:
             self.delete_claim,
             self.create_job,
             self.read_job,
+            self.read_job_exit,
             self.observe_slot,
             self.cordon_slot,
             self.uncordon_slot,
@@ -223,18 +224,23 @@ class KubeActivities:
         """
         what = f"record claim {w.namespace}/{w.name}"
         revision = 0
+        status, event_message = w.status, w.event_message
+        words = self._last_words(w.namespace, w.last_words_of)
+        if words:
+            status = {**status, "message": f"{status.get('message') or ''}{words}"}
+            event_message = f"{event_message}{words}"
         with _mapped(what):
             try:
                 if w.revision:
                     written, revision = self.kube.project_claim_status(
-                        w.namespace, w.name, w.status, w.revision, above_held=w.above_held
+                        w.namespace, w.name, status, w.revision, above_held=w.above_held
                     )
                     if w.above_held and revision > w.revision:
                         activity.logger.info(
                             "%s: it held revision %d of another run; written above it", what, revision - 1
                         )
                 else:  # a generation-2 claim's projection: unnumbered
-                    written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(w.status)}, status=True)
+                    written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(status)}, status=True)
                 if w.spec:
                     written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"spec": dict(w.spec)})
                 if w.release_finalizer:
@@ -247,9 +253,24 @@ class KubeActivities:
             if w.event_reason:
                 ref = ObjectRef(names.KIND_NODECLAIM, w.namespace, w.name, str(_meta(written).get("uid") or ""))
                 self.kube.create_event(
-                    ref, w.event_reason, w.event_message, warning=w.warning, now=self.clock(), occurrence=_occurrence()
+                    ref, w.event_reason, event_message, warning=w.warning, now=self.clock(), occurrence=_occurrence()
                 )
         return revision
+
+    def _last_words(self, namespace: str, job: str) -> str:
+        """`LAST_WORDS_MARK` and the termination message of the failed Job `job`, or "" when it has none. Read here,
+        written to the cluster only. A read that a retry may fix fails the write with it (it is retried until it
+        lands); one no retry fixes (the Pods cannot be listed) leaves the words out rather than the record."""
+        if not job:
+            return ""
+        try:
+            message = self.kube.job_cause(namespace, job).message
+        except KubeError as exc:
+            if exc.retryable:
+                raise
+            activity.logger.info("Job %s/%s: its Pod's termination message is left out: %s", namespace, job, exc)
+            return ""
+        return f"{c.LAST_WORDS_MARK}{message}" if message else ""
 
     @activity.defn(name=c.Act.ADD_FINALIZER)
     def add_claim_finalizer(self, ref: c.ClaimRef) -> None:
@@ -322,6 +343,13 @@ class KubeActivities:
         """The Job's state from its conditions; a Job that is gone is `missing` (its outcome is unknown)."""
         with _mapped(f"read Job {ref.namespace}/{ref.name}"):
             return job_status(ref.name, self.kube.get_job(ref.namespace, ref.name))
+
+    @activity.defn(name=c.Act.READ_JOB_EXIT)
+    def read_job_exit(self, ref: c.JobRef) -> c.JobExit:
+        """How a failed Job's Pod ended (exit code and reason): what its workflow says of the failure. The Pod's
+        termination message is not returned: it may hold the script's secrets, and this result is in a history."""
+        with _mapped(f"read how Job {ref.namespace}/{ref.name} ended"):
+            return self.kube.job_cause(ref.namespace, ref.name).exit
 
     # --- the machine -------------------------------------------------------------------------------------
     @activity.defn(name=c.Act.OBSERVE_SLOT)
@@ -398,8 +426,9 @@ class KubeActivities:
                 activity.logger.info("%s: the slot is gone; no Event", what)
                 return
             ref = ObjectRef(names.KIND_NODE, ev.namespace, ev.slot, uid)
+            message = f"{ev.message}{self._last_words(ev.namespace, ev.last_words_of)}"
             self.kube.create_event(
-                ref, ev.reason, ev.message, warning=ev.warning, now=self.clock(), occurrence=_occurrence()
+                ref, ev.reason, message, warning=ev.warning, now=self.clock(), occurrence=_occurrence()
             )
 
     # --- the group ---------------------------------------------------------------------------------------
@@ -491,7 +520,8 @@ def _count(value: Any) -> int:
 
 
 def last_claim_of(slot: str, doc: Any) -> c.ClaimDigest | None:
-    """Node.status.lastClaim as the group keeps it: what seeds the next attempt and rules out adoption."""
+    """Node.status.lastClaim as the group keeps it: what seeds the next attempt and rules out adoption. Its
+    `message` is left on the slot: it may end with a failed Job's last words, which no history holds."""
     if not isinstance(doc, dict) or not doc.get("name"):
         return None
     try:

@@ -216,6 +216,9 @@ class ClaimDigest:
     # The claim's last view of its machine, on its final report only: an observation the group holds that is
     # newer (one sent on to the claim while it was ending) is what the claim never heard.
     observation: Observation | None = None
+    # The terminal claim's message as its workflow wrote it (a failed Job's exit code and reason, never the Pod's
+    # words): cluster-autoscaler's error message for the instance says it.
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,9 @@ class StatusWrite:
     # Generation 7: the run records one projection at a time, so a revision the resource holds at or above this
     # one is another run's (a lost one): the write lands above it, never skipped. The activity returns the number.
     above_held: bool = False
+    # A failed Job whose Pod's termination message the activity reads and adds (after `LAST_WORDS_MARK`) to the
+    # status message and the Event: the workflow names the Job, the text never enters its history.
+    last_words_of: str = ""
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,7 @@ class SlotEvent:
     reason: str
     message: str
     warning: bool = False
+    last_words_of: str = ""  # a failed Job whose termination message the activity adds to the Event (see StatusWrite)
 
 
 # --- jobs -------------------------------------------------------------------------------------------------
@@ -287,6 +294,54 @@ class JobRequest:
 class JobRef:
     namespace: str
     name: str
+
+
+# What happened to a failed lifecycle Job when no container's terminated state says it (the other reasons are
+# Kubernetes' own: a container's terminated or waiting reason, a Pod's status reason).
+CAUSE_JOB_GONE = "JobGone"
+CAUSE_NO_POD = "NoPod"
+CAUSE_NOT_TERMINATED = "NotTerminated"
+CAUSE_DEADLINE = "DeadlineExceeded"
+
+
+@dataclass(frozen=True)
+class JobExit:
+    """How a failed lifecycle Job's Pod ended, in Kubernetes' own words and numbers: its container's exit code and
+    terminated (or waiting) reason, or one of the `CAUSE_*`. All a workflow history holds of a Job's failure: the
+    termination message (a script's last words, which may hold its secrets) stays in the cluster."""
+
+    reason: str
+    exit_code: int | None = None
+    signal: int | None = None
+    pod: str = ""
+    deadline_seconds: int | None = None
+
+    def said(self) -> str:
+        """One line for people: `exit code 1 (Error)`, or what happened instead."""
+        if self.reason == CAUSE_JOB_GONE:
+            return "its Job is gone (deleted, or collected after its ttlSecondsAfterFinished)"
+        if self.reason == CAUSE_NO_POD:
+            return "no Pod of its Job is left to say why (see `kubectl describe job`)"
+        head = ""
+        if self.reason == CAUSE_DEADLINE:
+            limit = f" ({self.deadline_seconds} s)" if self.deadline_seconds else ""
+            head = f"ran longer than its activeDeadlineSeconds{limit} and was stopped"
+        if self.exit_code is not None:
+            signal = f", signal {self.signal}" if self.signal else ""
+            said = f"exit code {self.exit_code}{signal}"
+            if self.reason != CAUSE_DEADLINE:
+                said += f" ({self.reason})"
+            return f"{head}; {said}" if head else said
+        if self.reason == CAUSE_NOT_TERMINATED:
+            return head or f"its Pod {self.pod} never ended"
+        if self.reason != CAUSE_DEADLINE:
+            return f"{self.reason} (Pod {self.pod})" if self.pod else self.reason
+        return head
+
+
+# Where the activity that records a Job's failure puts the termination message it read: after the workflow's own
+# message, behind this mark, which no workflow writes. Readers that feed a workflow cut the message there.
+LAST_WORDS_MARK = "; its Pod said: "
 
 
 JOB_RUNNING = "running"
@@ -420,6 +475,7 @@ class Act:
     DELETE_CLAIM = "delete_claim"
     CREATE_JOB = "create_job"
     READ_JOB = "read_job"
+    READ_JOB_EXIT = "read_job_exit"  # how a failed Job's Pod ended: exit code and reason, never its message
     OBSERVE_SLOT = "observe_slot"
     CORDON = "cordon_slot"
     UNCORDON = "uncordon_slot"

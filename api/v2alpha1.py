@@ -698,6 +698,8 @@ class ClaimDigest(_Status):
     requested_at: Time | None = None
     deadline_at: Time | None = None
     finished_at: Time | None = None
+    # The claim's status message (a failed Job's exit code, reason and its Pod's last words), for people.
+    message: str | None = None
 
 
 class NodeTemplate(_Status):

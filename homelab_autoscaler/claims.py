@@ -108,7 +108,7 @@ def format_rows(rows: list[ClaimRow], now: datetime | None = None) -> str:
 
 # --- the timeline of one claim ------------------------------------------------------------------------------
 # Activities that only read, polled at every timer: what they found shows as the next move, never by itself.
-READS = {c.Act.OBSERVE_SLOT, c.Act.READ_JOB}
+READS = {c.Act.OBSERVE_SLOT, c.Act.READ_JOB, c.Act.READ_JOB_EXIT}
 
 
 def _payload(p: Payload) -> Any:
@@ -220,7 +220,8 @@ def entries(history: WorkflowHistory, *, first_run: bool = True) -> list[Entry]:
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = e.workflow_execution_failed_event_attributes.failure
             reason = failure.application_failure_info.type if failure.HasField("application_failure_info") else ""
-            add(e, f"closed: failed{f' ({reason})' if reason else ''}: {failure.message}")
+            said = failure.message.removeprefix(f"{reason}: ") if reason else failure.message  # the reason leads it
+            add(e, f"closed: failed{f' ({reason})' if reason else ''}: {said}")
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
             add(e, f"closed: terminated by hand: {e.workflow_execution_terminated_event_attributes.reason or '-'}")
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import pkgutil
 import re
@@ -11,10 +12,13 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.failure.v1 import Failure
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DefaultFailureConverter, PayloadConverter
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
@@ -36,7 +40,19 @@ from workflows.registry import WORKFLOWS
 
 log = logging.getLogger(__name__)
 
-DATA_CONVERTER = pydantic_data_converter
+
+class ExpectedOutcomes(DefaultFailureConverter):
+    """The SDK's failure converter, except that a benign application error (an expected outcome: a claim that
+    closes Failed, a retryable API error) carries no stack trace. The Web UI shows a failure's stack trace under its
+    message, and the SDK's frames there made a failed boot look like a crash of the operator."""
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if isinstance(exception, ApplicationError) and exception.category == ApplicationErrorCategory.BENIGN:
+            failure.stack_trace = ""
+
+
+DATA_CONVERTER = dataclasses.replace(pydantic_data_converter, failure_converter_class=ExpectedOutcomes)
 NAMESPACE_CHECK_TIMEOUT = timedelta(seconds=10)
 _INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
 

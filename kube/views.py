@@ -245,7 +245,7 @@ def claim_record(claim: Mapping[str, Any] | None, now: datetime) -> c.ClaimRecor
     attempts = st.get("shutdownAttempts")
     return c.ClaimRecord(
         revision=revision if isinstance(revision, int) and revision > 0 else 0,
-        message=str(st.get("message") or ""),
+        message=without_last_words(str(st.get("message") or "")),
         shutdown_attempts=attempts if isinstance(attempts, int) and attempts > 0 else 0,
         last_shutdown_attempt_at=time_of(st.get("lastShutdownAttemptAt")),
         finished_at=time_of(st.get("finishedAt")),
@@ -264,6 +264,9 @@ def status_edit(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) ->
     owned = {key: after.get(key) for key in names.OWNED_CLAIM_STATUS}
     if owned == {key: before.get(key) for key in names.OWNED_CLAIM_STATUS}:
         return None
+    message = owned.get("message")
+    if isinstance(message, str):
+        owned["message"] = without_last_words(message)
     return c.StatusEdit(revision, {key: value for key, value in owned.items() if value is not None})
 
 
@@ -365,12 +368,11 @@ def template_from_status(slot: str, node_name: str, doc: Any) -> JSON | None:
 # it fits a claim's status message and an Event: at most this many lines, then this many characters.
 CAUSE_MESSAGE_LINES = 5
 CAUSE_MESSAGE_CHARS = 400
-# What happened when no container's terminated state says it (the other reasons are Kubernetes' own: a
-# container's terminated or waiting reason, a Pod's status reason).
-CAUSE_JOB_GONE = "JobGone"
-CAUSE_NO_POD = "NoPod"
-CAUSE_NOT_TERMINATED = "NotTerminated"
-CAUSE_DEADLINE = "DeadlineExceeded"
+# What happened when no container's terminated state says it: `api.contracts` holds them (a history may hold them).
+CAUSE_JOB_GONE = c.CAUSE_JOB_GONE
+CAUSE_NO_POD = c.CAUSE_NO_POD
+CAUSE_NOT_TERMINATED = c.CAUSE_NOT_TERMINATED
+CAUSE_DEADLINE = c.CAUSE_DEADLINE
 
 
 @dataclass(frozen=True)
@@ -379,9 +381,9 @@ class JobCause:
 
     `exit_code` and `reason` are Kubernetes' own words and numbers (a container's exit code and terminated or
     waiting reason, or one of the `CAUSE_*` when no container said it): they may travel through a workflow
-    history. `message` is the container's termination message (its last words: with `FallbackToLogsOnError` the
-    end of its log), which may hold a script's secrets: it is for the cluster (a claim's status, an Event) and
-    people, never for a history. `pod` is the Pod read ("" when none).
+    history, as `exit`. `message` is the container's termination message (its last words: with
+    `FallbackToLogsOnError` the end of its log), which may hold a script's secrets: it is for the cluster (a
+    claim's status, an Event) and people, never for a history. `pod` is the Pod read ("" when none).
     """
 
     reason: str
@@ -391,27 +393,21 @@ class JobCause:
     signal: int | None = None
     deadline_seconds: int | None = None
 
+    @property
+    def exit(self) -> c.JobExit:
+        """What a workflow may learn of it: everything but the message."""
+        return c.JobExit(self.reason, self.exit_code, self.signal, self.pod, self.deadline_seconds)
+
     def summary(self) -> str:
         """One line for people: `exit code 1 (Error): <message>`, or what happened instead."""
-        if self.reason == CAUSE_JOB_GONE:
-            return "its Job is gone (deleted, or collected after its ttlSecondsAfterFinished)"
-        if self.reason == CAUSE_NO_POD:
-            return "no Pod of its Job is left to say why (see `kubectl describe job`)"
-        head = ""
-        if self.reason == CAUSE_DEADLINE:
-            limit = f" ({self.deadline_seconds} s)" if self.deadline_seconds else ""
-            head = f"ran longer than its activeDeadlineSeconds{limit} and was stopped"
-        if self.exit_code is not None:
-            signal = f", signal {self.signal}" if self.signal else ""
-            said = f"exit code {self.exit_code}{signal}"
-            if self.reason != CAUSE_DEADLINE:
-                said += f" ({self.reason})"
-            head = f"{head}; {said}" if head else said
-        elif self.reason == CAUSE_NOT_TERMINATED:
-            head = head or f"its Pod {self.pod} never ended"
-        elif self.reason != CAUSE_DEADLINE:
-            head = f"{self.reason} (Pod {self.pod})" if self.pod else self.reason
+        head = self.exit.said()
         return f"{head}: {self.message}" if self.message else head
+
+
+def without_last_words(message: str) -> str:
+    """A claim's status message as its workflow wrote it: the termination message an activity added after
+    `LAST_WORDS_MARK` cut off, so what is read back into a workflow (a record, an edit) never carries it."""
+    return message.partition(c.LAST_WORDS_MARK)[0]
 
 
 def trimmed_message(text: str) -> str:

@@ -11,7 +11,9 @@ and deletes the ones that failed. A schedule drawn from the seed kills (SIGKILL)
 every few seconds, takes Temporal away once for `--outage` seconds (the provider must answer UNAVAILABLE and every
 role's /readyz must fail meanwhile), wipes Temporal's database `--wipes` times (stopped, its file deleted, started
 again: every workflow is lost, the cluster keeps the record), and applies bad objects mid-run. The homelab's pod
-specs and Secret names carry marker values that must never reach a workflow history or a log line.
+specs and Secret names carry marker values that must never reach a workflow history or a log line; so do the last
+words of a broken machine's wake-up script (`worker-broken` always fails, saying a marker and the password from its
+env), which must reach its failed claims' status messages.
 
 The admission webhook is registered as deploy/components/admission registers it (failurePolicy Fail), served by the
 provider process (so it dies with every kill of the provider), and the roles speak with the operator's
@@ -68,6 +70,7 @@ from tests.realcluster import pki
 
 NS = "homelab-autoscaler-system"
 GROUP = "workers"
+BROKEN = "worker-broken"  # the machine whose wake-up always fails, with last words to keep out of histories
 OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
 PERSON = "chaos-person"
 WEBHOOK_REGISTRATION = ROOT / "deploy" / "components" / "admission" / "webhook.yaml"
@@ -103,6 +106,7 @@ class Plan:
             "Secret name": f"chaos-secret-{tag}",
             "image": f"chaos-image-{tag}",
             "command": f"chaosCommand{tag}",
+            "last words": f"chaosLastWords{tag}",
         }
 
 
@@ -161,6 +165,7 @@ class Report:
     seconds: float = 0.0
     wipes: int = 0
     taken_over: int = 0  # claims whose workflow was lost and that a new run took over (their ClaimTakenOver Events)
+    broken_boots: int = 0  # claims of the broken machine that failed on their startup Job's exit code
 
     CHECKS = (
         "duplicate startup Jobs",
@@ -171,6 +176,7 @@ class Report:
         "workflows failed, or with a failing task",
         "slots with two live claims",
         "secret markers in histories and logs",
+        "failed boots whose last words are not on their claim",
         "provider answers during the outage other than UNAVAILABLE",
         "roles ready during the outage",
         "claim Events without their landed write",
@@ -193,7 +199,8 @@ class Report:
             f"chaos seed {self.plan.seed}: {self.lifecycles} lifecycles, {sum(self.kills.values())} kills ({kills}),"
             f" {self.wipes} Temporal database wipes, one Temporal outage of {self.plan.outage:.0f} s,"
             f" {self.seconds:.0f} s in all",
-            f"cluster: {faults}; claims taken over after a lost workflow: {self.taken_over}",
+            f"cluster: {faults}; claims taken over after a lost workflow: {self.taken_over}; failed boots of the"
+            f" broken machine: {self.broken_boots}",
             f"during the outage: provider answered {dict(self.outage.get('codes', {}))},"
             f" /readyz answered {dict(self.outage.get('readyz', {}))}",
             f"second claims by hand on busy slots: {dict(sorted(self.hand_claims.items())) or 'none'}",
@@ -258,6 +265,13 @@ class Chaos:
             }
             for i in range(1, self.plan.slots + 1)
         ]
+        # The broken machine: its wake-up says a marker and the password from its env, then fails (exit 3).
+        script = f'echo "{m["last words"]}: no answer; logged in as $BMC_PASSWORD"\nexit 3'
+        broken = {**pod, "command": ["sh", "-c", script]}
+        slots.append(
+            {"name": BROKEN, "group": GROUP, "startupPodSpec": broken, "shutdownPodSpec": pod,
+             "node": {"labels": {"homelab.dev/pool": GROUP}}}
+        )  # fmt: skip
         doc = {
             "apiVersion": "sim.homelab-autoscaler.dev/v1",
             "kind": "Homelab",
@@ -269,7 +283,7 @@ class Chaos:
                 "taintClearSeconds": 0.5,
                 "shutdownSeconds": 1,
             },
-            "groups": [{"name": GROUP, "minSize": 0, "maxSize": self.plan.slots, "nodeReadinessTaints": []}],
+            "groups": [{"name": GROUP, "minSize": 0, "maxSize": self.plan.slots + 1, "nodeReadinessTaints": []}],
             "slots": slots,
         }
         path = self.dir / "homelab.yaml"
@@ -689,6 +703,16 @@ class Chaos:
         v["tracebacks in the roles' logs"] = self.tracebacks()
         resources, events = await asyncio.to_thread(self.claims_and_events)
         self.report.taken_over = sum(1 for e in events if e.get("reason") == EventReason.CLAIM_TAKEN_OVER)
+        broken = [
+            cl for cl in resources
+            if cl["spec"].get("node") == BROKEN and "exit code 3 (Error)" in str(cl.get("status", {}).get("message"))
+        ]  # fmt: skip
+        self.report.broken_boots = len(broken)
+        v["failed boots whose last words are not on their claim"] = [
+            f"{records.name(cl)}: {cl['status']['message']}"
+            for cl in broken
+            if self.plan.markers["last words"] not in cl["status"]["message"]
+        ]
         v["claim Events without their landed write"] = [
             problem for claim in resources for problem in records.events_without_their_write(claim, events)
         ]

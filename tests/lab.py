@@ -461,13 +461,10 @@ class Lab:
         return [e for e in evs if name is None or e["involvedObject"]["name"] == name]
 
     # --- histories ---------------------------------------------------------------------------------------------
-    async def record(self, test_name: str) -> None:
-        """With HOMELAB_RECORD_HISTORIES=1, save every workflow history of this test for the replay test."""
-        if not RECORD:
-            return
-        HISTORIES.mkdir(exist_ok=True)
-        # The time-skipping server cannot list workflows: record the group, every child it started (claims that
-        # ended are gone from its state, not from its history), the claims it still tracks, and what the test adds.
+    async def histories(self) -> list[WorkflowHistory]:
+        """Every workflow history of this test. The time-skipping server cannot list workflows: the group's, every
+        child it started (claims that ended are gone from its state, not from its history), the claims it still
+        tracks, and what the test adds."""
         group = c.group_workflow_id(NS, "g")
         ids = [group]
         for event in (await self.client.get_workflow_handle(group).fetch_history()).events:
@@ -476,12 +473,21 @@ class Lab:
         snap = await self.snapshot()
         ids += [c.claim_workflow_id(NS, n) for n in snap["claims"]]
         ids += list(self.extra_history_ids)
-        for i, wid in enumerate(dict.fromkeys(ids)):
+        found = []
+        for wid in dict.fromkeys(ids):
             wid, _, run = wid.partition("@")  # "<id>@<run id>": an earlier run (one that continued as new)
             try:
-                hist = await self.client.get_workflow_handle(wid, run_id=run or None).fetch_history()
+                found.append(await self.client.get_workflow_handle(wid, run_id=run or None).fetch_history())
             except Exception:
                 continue
+        return found
+
+    async def record(self, test_name: str) -> None:
+        """With HOMELAB_RECORD_HISTORIES=1, save every workflow history of this test for the replay test."""
+        if not RECORD:
+            return
+        HISTORIES.mkdir(exist_ok=True)
+        for i, hist in enumerate(await self.histories()):
             (HISTORIES / f"{TAG}{test_name}-{i:02d}.json").write_text(hist.to_json())
 
     extra_history_ids: tuple[str, ...] = ()
@@ -534,6 +540,18 @@ def slot(name: str, **faults: Any) -> dict[str, Any]:
     if on:
         doc["initiallyOn"] = True
     return doc
+
+
+# A failing script's last words, with a secret in them (issue 23): they reach the cluster, never a history.
+SECRET = "hunter2-in-the-last-words"
+WORDS = "wake-on-LAN: the machine did not answer"
+
+
+def failing_boot(name: str) -> dict[str, Any]:
+    """A slot whose wake-up script prints a secret from its env and a reason, then exits 3."""
+    script = f'echo "logging in to the BMC as admin:$BMC_PASSWORD"\necho "{WORDS}" >&2\nexit 3'
+    pod = {"image": "busybox", "command": ["sh", "-c", script], "env": [{"name": "BMC_PASSWORD", "value": SECRET}]}
+    return {"name": name, "startupPodSpec": pod}
 
 
 async def one_claim(lab: Lab) -> str:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from homelab_sim.emulator import EmulatorServer, Fault, KubeEmulator
+from homelab_sim.homelab import HomelabServer
+from homelab_sim.homelab_spec import parse_homelab_spec
 from temporalio import activity
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
@@ -489,6 +492,62 @@ def test_read_job_states(cluster: EmulatorServer, acts: KubeActivities) -> None:
     assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_FAILED, "DeadlineExceeded")
     conditions({"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"})
     assert acts.read_job(c.JobRef(NS, name)) == c.JobStatus(name, c.JOB_FAILED, "BackoffLimitExceeded")
+
+
+# --- a failed Job's cause (issue 23): its exit code to the workflow, its Pod's words to the cluster -----------
+WORDS = "wake-on-LAN: m1 did not answer"
+
+
+def test_a_failed_jobs_words_reach_the_cluster_and_only_its_exit_code_reaches_the_workflow() -> None:
+    script = f'echo "logging in as admin:$BMC_PASSWORD"\necho "{WORDS}" >&2\nexit 3'
+    pod = {"image": "busybox", "command": ["sh", "-c", script], "env": [{"name": "BMC_PASSWORD", "value": "s3cret"}]}
+    slot = {"name": "m1", "group": "workers", "startupPodSpec": pod}
+    spec = parse_homelab_spec({"namespace": NS, "groups": [{"name": "workers", "maxSize": 3}], "slots": [slot]})
+    with HomelabServer(spec, time_scale=0) as lab, closing(Kube.connect(server=lab.url, timeout=5.0)) as kube:
+        acts = KubeActivities(kube, clock=lambda: NOW)
+        acts.create_claim_held(seed(slot="m1"))
+        job = acts.create_job(c.JobRequest(NS, "m1", "startup", 1, "c1"))["name"]
+        ended = acts.read_job_exit(c.JobRef(NS, job))
+        assert (ended.exit_code, ended.reason, ended.said()) == (3, "Error", "exit code 3 (Error)")
+        sent = DataConverter.default.payload_converter.to_payloads([ended])[0].data.decode()
+        assert "s3cret" not in sent and "did not answer" not in sent, sent
+
+        said = f"startup Job {job} failed: exit code 3 (Error)"
+        write = c.StatusWrite(
+            NS, "c1", status={"phase": "failed", "reason": "StartupJobFailed", "message": said},
+            event_reason="ClaimFailed", event_message=f"{said} (attempt 1)", warning=True, revision=1, above_held=True,
+            last_words_of=job,
+        )  # fmt: skip
+        acts.record_claim(write)
+        claim = stored(lab.server, CRD, "nodeclaims", NS, "c1")
+        words = f"logging in as admin:s3cret | {WORDS}"
+        assert claim["status"]["message"] == f"{said}{c.LAST_WORDS_MARK}{words}"
+        (failed,) = [e for e in objects(lab.server, "v1", "events") if e["reason"] == "ClaimFailed"]
+        assert failed["message"] == f"{said} (attempt 1){c.LAST_WORDS_MARK}{words}"
+        # What is read back into a workflow (a record taken over, a person's edit) is the workflow's own message.
+        record = views.claim_record(claim, NOW)
+        assert record is not None and record.message == said
+        edited = {**claim, "status": {**claim["status"], "reason": "ByHand"}}
+        edit = views.status_edit(claim, edited)
+        assert edit is not None and edit.status["message"] == said
+
+        # A Pod list a retry may fix fails the write with it (retried until it lands); one refused for good (an
+        # install whose RBAC lacks `pods list`) leaves the words out, not the record.
+        lab.server.emulator.faults.append(Fault(match=lambda i: i.plural == "pods", status=503, times=1))
+        with pytest.raises(Transient):
+            acts.record_claim(dataclasses.replace(write, status={**write.status, "message": "again"}, revision=2))
+        assert stored(lab.server, CRD, "nodeclaims", NS, "c1")["status"]["message"].startswith(said)
+        lab.server.emulator.faults.append(
+            Fault(match=lambda i: i.plural == "pods", status=403, reason="Forbidden", times=None)
+        )
+        acts.record_claim(dataclasses.replace(write, status={**write.status, "message": "again"}, revision=2))
+        assert stored(lab.server, CRD, "nodeclaims", NS, "c1")["status"]["message"] == "again"
+        lab.server.emulator.faults.clear()
+
+        # A law-3 release's Warning on the slot carries them too.
+        acts.slot_event(c.SlotEvent(NS, "m1", "ShutdownJobFailed", f"shutdown Job {job} failed", True, job))
+        (warning,) = [e for e in objects(lab.server, "v1", "events") if e["reason"] == "ShutdownJobFailed"]
+        assert warning["message"] == f"shutdown Job {job} failed{c.LAST_WORDS_MARK}{words}"
 
 
 # --- the machine -------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from api import contracts as c
 from kube.adapter import KUBELET_NODES, Kube
 from kube.errors import NotFound
 from kube.watch import MODIFIED, WatchEvent
-from tests.lab import NS, Lab, homelab, open_lab, slot, status_if
+from tests.lab import NS, SECRET, WORDS, Lab, failing_boot, history_text, homelab, open_lab, slot, status_if
 from watchers.main import Watchers
 from watchers.signals import Signals
 
@@ -192,6 +192,43 @@ async def test_kubectl_delete_nodeclaim_reverses_a_ready_machine() -> None:
         assert report["phase"] == "off"
         assert report["lastClaim"]["name"] == name
         assert report["lastClaim"]["reason"] == "DeletedByHand"
+
+
+async def test_a_failed_boots_cause_is_on_the_slots_report_and_no_reload_or_edit_puts_its_words_in_a_history() -> None:
+    """Issue 23: the slot's report carries the failed claim's message (exit code, reason, the Pod's last words); the
+    group's reload reads the failed claim back, and a person edits its status: neither carries the words into a
+    workflow history."""
+    async with watched(homelab([failing_boot("s1")])) as (lab, w):
+        await wait_group_loaded(lab, w)
+        assert await lab.increase(1) == 1
+        (name,) = await lab.claim_names()
+
+        def failed() -> bool:
+            return bool(slot_status(lab, "s1").get("lastClaim", {}).get("phase") == "failed")
+
+        await drive(lab, w, failed, within=5 * MIN, what="the slot reporting its claim failed")
+        message = slot_status(lab, "s1")["lastClaim"]["message"]
+        assert f"{name}-startup failed: exit code 3 (Error)" in message and WORDS in message, message
+        lab.lab.call(lambda h: h.emulator.patch_object(
+            "infra.homecluster.dev/v2alpha1", "nodeclaims", NS, name, {"status": {"shutdownAttempts": 2}},
+            subresource="status",
+        ))  # fmt: skip
+        await w.pump()
+        await lab.group().signal(c.GroupSignal.REFRESH)
+
+        async def reloaded() -> bool:  # a load of the group read the failed claim back, with its record
+            history = await lab.group().fetch_history()
+            loads = [
+                e.activity_task_completed_event_attributes.result.payloads[0].data.decode()
+                for e in history.events
+                if e.HasField("activity_task_completed_event_attributes")
+            ]
+            return any(f'"{name}"' in load and '"StartupJobFailed"' in load for load in loads)
+
+        await drive(lab, w, reloaded, within=5 * MIN, step=10, what="the group's reload reading the failed claim")
+        texts = {h.workflow_id: history_text(h) for h in await lab.histories()}
+        leaks = [wid for wid, text in texts.items() if SECRET in text or WORDS in text]
+        assert not leaks, f"the Pod's words in the history of {leaks}"
 
 
 async def test_hand_applied_second_claim_is_resolved_newest_wins() -> None:

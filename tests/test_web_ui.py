@@ -252,15 +252,23 @@ async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: P
         await page.wait_for_text(rows_say, timeout=UI_WAIT, what="every claim's row showing its phase (and reason)")
         await page.screenshot(tmp_path / "list-columns.png")
 
-        # A failed claim's first screen: FAILED, and the reason leading the failure message.
+        # A failed claim's first screen: FAILED, the reason leading the failure message, then the cause (the exit
+        # code and reason of its startup Job's Pod) and where the Pod's last words are; no stack trace of the SDK,
+        # and not the words themselves (they are kept out of histories).
         gone = failed[0]
+        job = f"{gone.name}-startup"
+        cause = f'"message": "StartupJobFailed: startup Job {job} failed: exit code 1 (Error). The Pod\'s last words: '
+        where = f"kubectl -n {NS} describe nodeclaim {gone.name}; kubectl -n {NS} logs job/{job}"
         await page.navigate(workflow_url(demo.server, gone.workflow_id))
-        await page.wait_for_text(
-            lambda t: gone.workflow_id in t and "FAILED" in t and '"message": "StartupJobFailed: startup Job' in t,
+        shown = await page.wait_for_text(
+            lambda t: gone.workflow_id in t and "FAILED" in t and cause in t and where in t,
             timeout=UI_WAIT,
-            what=f"the page of {gone.workflow_id} showing FAILED and its reason",
+            what=f"the page of {gone.workflow_id} showing FAILED, its reason, its cause and where its last words are",
         )
         await page.screenshot(tmp_path / "claim-failed.png")
+        (tmp_path / "claim-failed.txt").write_text(shown)
+        assert "stackTrace" not in shown and "_workflow_instance.py" not in shown, shown[:3000]
+        assert "did not answer ping" not in shown, "the Pod's words are in the workflow's failure"
 
         # A claim's page: its timeline names the timers the workflow started (each as its own row) and its
         # Kubernetes calls (local activities, one row each, named by the call: `record_claim` for a move).

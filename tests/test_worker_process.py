@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
+from temporalio.api.failure.v1 import Failure
 from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import WorkflowEnvironment
 
 from api import contracts as c
@@ -137,3 +139,21 @@ def test_a_bad_setting_is_one_clear_line(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0
     assert "log_level" in res.stderr
+
+
+def test_an_expected_outcome_carries_no_stack_trace_and_a_crash_keeps_its_own() -> None:
+    """The Web UI shows a failure's stack trace under its message: a claim that closes Failed (a benign application
+    error) must not look like a crash of the operator, while an unexpected error keeps its trace."""
+
+    def converted(category: ApplicationErrorCategory) -> Failure:
+        failure = Failure()
+        try:
+            raise ApplicationError("StartupJobFailed: ...", type="StartupJobFailed", category=category)
+        except ApplicationError as err:
+            DATA_CONVERTER.failure_converter.to_failure(err, DATA_CONVERTER.payload_converter, failure)
+        return failure
+
+    expected = converted(ApplicationErrorCategory.BENIGN)
+    assert expected.stack_trace == "" and expected.message == "StartupJobFailed: ..."
+    assert expected.application_failure_info.type == "StartupJobFailed"
+    assert "test_worker_process.py" in converted(ApplicationErrorCategory.UNSPECIFIED).stack_trace

@@ -16,12 +16,17 @@ from temporalio.exceptions import ApplicationError
 
 from api import contracts as c
 from domain.timings import TIMINGS
+from homelab_autoscaler.claims import timeline
 from tests.lab import (
     NS,
+    SECRET,
+    WORDS,
     activity_calls,
     apply_claim,
     claimable,
     cond,
+    failing_boot,
+    history_text,
     homelab,
     job_creates,
     no_claims,
@@ -107,6 +112,46 @@ async def test_startup_job_failed() -> None:
         assert await lab.group().execute_update(GroupWorkflow.delete_nodes, [instances[0].id]) == 0
         assert await lab.group().query(GroupWorkflow.instances) == []
         await lab.record("startup_job_failed")
+
+
+async def test_a_failed_boot_says_why_where_people_look_and_no_history_holds_the_pods_words() -> None:
+    """Issue 23: the exit code and reason travel with the failure (the claim's message, its Event, its Ready
+    condition, cluster-autoscaler's error, the workflow's Failed close with where the last words are, without a stack
+    trace); the Pod's words reach the claim's status and Event only, never a workflow history."""
+    async with open_lab(homelab([failing_boot("s1")])) as lab:
+        name = await one_claim(lab)
+        st = await lab.wait_phase(name, "failed", within=3 * MIN)
+        assert st["reason"] == "StartupJobFailed"
+        job = f"{name}-startup"
+        said = f"startup Job {job} failed: exit code 3 (Error)"
+        assert st["message"] == said, st["message"]
+        res = lab.claim_resource(name)
+        assert res is not None
+        message = res["status"]["message"]
+        assert message.startswith(said) and WORDS in message and SECRET in message, message
+        (ready,) = [cd for cd in res["status"]["conditions"] if cd["type"] == "Ready"]
+        assert (ready["status"], ready["reason"], ready["message"]) == ("False", "StartupJobFailed", said), ready
+        (failed,) = [e["message"] for e in lab.events(name) if e["reason"] == "ClaimFailed"]
+        assert failed.startswith(said) and WORDS in failed, failed
+        (instance,) = await lab.group().query(GroupWorkflow.instances)
+        assert said in instance.error_message, instance.error_message
+        # The Failed close: the reason leads, the exit code follows, then where the last words are; no stack trace.
+        history = await lab.claim(name).fetch_history()
+        (closed,) = [e for e in history.events if e.HasField("workflow_execution_failed_event_attributes")]
+        failure = closed.workflow_execution_failed_event_attributes.failure
+        assert failure.message.startswith(f"StartupJobFailed: {said}"), failure.message
+        assert f"kubectl -n {NS} describe nodeclaim {name}" in failure.message
+        assert f"kubectl -n {NS} logs job/{job}" in failure.message
+        assert failure.stack_trace == "", failure.stack_trace
+        # `claims show` ends with it: the cause, and where the last words are.
+        where = f"kubectl -n {NS} describe nodeclaim {name}; kubectl -n {NS} logs job/{job}"
+        closing = timeline(history)[-1]
+        assert closing.endswith(f"closed: failed (StartupJobFailed): {said}. The Pod's last words: {where}"), closing
+        histories = await lab.histories()
+        assert len(histories) >= 2
+        leaks = [h.workflow_id for h in histories if SECRET in history_text(h) or WORDS in history_text(h)]
+        assert not leaks, f"the Pod's words in the history of {leaks}"
+        await lab.record("startup_job_failed_says_why")
 
 
 async def test_a_decrease_forgets_an_errored_instance_and_refuses_past_it() -> None:
@@ -337,6 +382,31 @@ async def test_scale_down_of_a_ready_claim() -> None:
         assert acts[c.Act.CREATE_CLAIM_HELD] == 1 and acts[c.Act.ADD_FINALIZER] == 0, acts
         assert acts[c.Act.RECORD_CLAIM] == 5 and acts[c.Act.CREATE_JOB] == 2 and acts[c.Act.CORDON] == 1, acts
         await lab.record("scale_down_ready")
+
+
+async def test_a_failed_shutdown_job_says_why_and_the_completion_cites_the_job_that_ended_it() -> None:
+    """A shutdown Job that fails says its exit code in its Warning, with its Pod's words; ClaimCompleted names the
+    shutdown Job of the last attempt (it named the claim's startup Job, long finished)."""
+    async with open_lab(homelab([slot("s1", shutdownJobFails=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+
+        async def warned() -> list[str]:
+            return [e["message"] for e in lab.events(name) if e["reason"] == "ShutdownJobFailed"]
+
+        first = (await lab.until(warned, within=5 * MIN, step=10, what="a ShutdownJobFailed Warning"))[0]
+        assert first.startswith(f"shutdown Job {name}-shutdown failed: exit code 1 (Error) (attempt 1 of "), first
+        assert "fault shutdownJobFails is set" in first, first
+        lab.lab.set_fault("s1", "shutdownJobFails", False)
+        st = await lab.wait_phase(name, "completed", within=10 * MIN, step=15)
+        last = st["shutdownAttempts"]
+        assert last >= 2
+        (done,) = [e["message"] for e in lab.events(name) if e["reason"] == "ClaimCompleted"]
+        assert f"Job {name}-shutdown-{last}," in done and "startup" not in done, done
+        texts = [history_text(h) for h in await lab.histories()]
+        assert not [t for t in texts if "fault shutdownJobFails is set" in t], "the Pod's words in a history"
+        await lab.record("shutdown_job_failed_says_why")
 
 
 async def test_shutdown_that_does_not_power_off_pauses_and_resumes() -> None:

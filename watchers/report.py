@@ -210,6 +210,7 @@ def digest_of(claim: Mapping[str, Any]) -> ClaimDigest | None:
         "requestedAt": sp.get("requestedAt"),
         "deadlineAt": sp.get("deadlineAt"),
         "finishedAt": st.get("finishedAt"),
+        "message": st.get("message") or None,
     }
     try:
         return ClaimDigest.model_validate(doc)

@@ -117,11 +117,11 @@ class Release(SlotVerbs):
         if started:
             await self.on_event(EventReason.SCALE_DOWN_STARTED, started, False)
 
-    async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
+    async def on_event(self, reason: EventReason, message: str, warning: bool, last_words_of: str = "") -> None:
         try:
             await self.write(
                 c.Act.SLOT_EVENT,
-                c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning),
+                c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning, last_words_of),
                 f"event {reason} on slot {self.seed.slot}",
             )
         except Broken as err:

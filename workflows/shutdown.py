@@ -43,6 +43,9 @@ JOB_DEADLINE_REASON = "DeadlineExceeded"
 # ScaleDownStarted is published with the first shutdown Job's record (one write, one activity), not before the
 # cordon on its own.
 STARTED_WITH_JOB = "scale-down-started-with-its-job"
+# A shutdown Job that failed or timed out is read for how its Pod ended (exit code, reason), said in its Warning;
+# the activity that writes the Warning adds the Pod's words (generation 8 histories on).
+SHUTDOWN_FAILURE_SAYS_WHY = "shutdown-failure-says-why"
 
 SHUTDOWN_EVENTS: dict[str, EventReason] = {
     JOB_OUTCOME_SUCCEEDED: EventReason.SHUTDOWN_NOT_OBSERVED,
@@ -61,6 +64,7 @@ class ShutdownBook:
     limit_reported: bool = False
     finished_jobs: dict[str, bool] = field(default_factory=dict)
     finished_reasons: dict[str, str] = field(default_factory=dict)
+    last_job: str = ""  # the last shutdown Job fired: the one a completion cites
 
     def streak(self) -> claims.ShutdownStreak:
         return claims.ShutdownStreak(self.attempts, self.last_attempt_at)
@@ -130,7 +134,9 @@ class ShutdownHost(Protocol):
         """A shutdown Job was created; `started` (first attempt only) is the ScaleDownStarted message to publish."""
         ...
 
-    async def on_event(self, reason: EventReason, message: str, warning: bool) -> None: ...
+    async def on_event(self, reason: EventReason, message: str, warning: bool, last_words_of: str = "") -> None:
+        """A Warning or Event; `last_words_of` names a failed Job whose Pod's words the writing activity adds."""
+        ...
 
 
 async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str:
@@ -164,6 +170,14 @@ async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str
             continue
         # A Job that vanished before we saw its end cannot be trusted to have done its work.
         book.finish(c.JobFinished(job, status.state == c.JOB_SUCCEEDED, status.reason))
+
+
+async def job_exit(host: Any, job: str, job_type: str) -> c.JobExit | None:
+    """How a failed Job's Pod ended, as a history may hold it (exit code and reason); None when it cannot be read."""
+    ref = c.JobRef(host.slot_ref().namespace, job)
+    summary = f"read how {job_type} Job {job} ended"
+    ended: c.JobExit | None = await host.read(c.Act.READ_JOB_EXIT, ref, c.JobExit, summary)
+    return ended
 
 
 async def poll_until(
@@ -252,6 +266,7 @@ async def shut_down(host: ShutdownHost) -> bool:
             landed=job_exists,
         ):
             return False
+        book.last_job = job
         after = claims.after_shutdown_job(book.streak(), host.now())
         book.attempts, book.last_attempt_at = after.attempts, after.last_attempt_at
         await host.on_attempt(job, f"cordoned the node of slot {slot.slot}; shutdown Job {job}" if with_job else "")
@@ -263,13 +278,17 @@ async def shut_down(host: ShutdownHost) -> bool:
                 return True
             if host.interrupted():
                 return False
-            said = "succeeded but the machine is still on"
+            said, words = "succeeded but the machine is still on", ""
         else:
-            said = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed"
+            said, words = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed", ""
+            if workflow.patched(SHUTDOWN_FAILURE_SAYS_WHY):
+                ended, words = await job_exit(host, job, JobType.SHUTDOWN), job
+                said += f": {ended.said()}" if ended is not None else ""
         await host.on_event(
             SHUTDOWN_EVENTS[outcome],
             f"shutdown Job {job} {said} (attempt {book.attempts} of {TIMINGS.max_consecutive_attempts})",
             True,
+            words,
         )
 
 

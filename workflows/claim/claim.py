@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from api import contracts as c
 from api.names import ClaimPhase, ClaimReason, ConditionType, EventReason
@@ -30,6 +30,20 @@ from workflows.verbs import Broken, Deadline
 # A claim the group creates carries its finalizer from its first write (`create_claim_held`), so it needs no
 # separate finalizer write before its startup Job; a claim taken over or adopted still adds it.
 CREATED_HELD = "claim-created-with-finalizer"
+# A claim's workflow that closes Failed says where a failed Job's last words are, and is an expected outcome
+# (benign: the data converter leaves out its stack trace, which the Web UI would show as a crash).
+FAILED_CLOSE_SAYS_WHERE = "claim-failed-close-says-where-to-look"
+
+
+def failed_close(said: str, namespace: str, claim: str, job: str) -> str:
+    """The Failed close's message: the reason and message, then, for a failed Job, where its Pod's last words are
+    (they are kept out of the history: a script's output may hold its secrets)."""
+    if not job:
+        return said
+    return (
+        f"{said}. The Pod's last words: kubectl -n {namespace} describe nodeclaim {claim}; "
+        f"kubectl -n {namespace} logs job/{job}"
+    )
 
 
 class Claim(ClaimRuntime):
@@ -57,9 +71,15 @@ class Claim(ClaimRuntime):
         self.details(f"{s.phase} ({s.reason or 'no reason'})")
         if s.phase == ClaimPhase.FAILED:
             # The reason leads the message: the Web UI shows the message first, the failure type further down.
-            raise ApplicationError(
-                f"{s.reason}: {s.message}" if s.message else s.reason, type=s.reason, non_retryable=True
-            )
+            said = f"{s.reason}: {s.message}" if s.message else s.reason
+            if workflow.patched(FAILED_CLOSE_SAYS_WHERE):
+                raise ApplicationError(
+                    failed_close(said, s.seed.namespace, s.seed.name, s.failed_job),
+                    type=s.reason,
+                    non_retryable=True,
+                    category=ApplicationErrorCategory.BENIGN,
+                )
+            raise ApplicationError(said, type=s.reason, non_retryable=True)
         return s.digest(workflow_done=True)
 
     async def _lifecycle(self) -> bool:

@@ -52,6 +52,12 @@ TELL_BESIDE = "claim-tells-group-beside-its-projection"
 # Projections are recorded one at a time (a handler's waits for the run's), so a revision the resource holds at or
 # past the run's own is another run's: the write lands above it, never skipped (generation 7 histories on).
 SERIAL_RECORDS = "claim-records-one-at-a-time"
+# A failed claim says so in the conventional condition, Ready=False with its reason and message, whether or not it
+# was ever ready (generation 8 histories on).
+FAILED_NOT_READY = "claim-failure-sets-ready-false"
+# ClaimCompleted cites the shutdown Job that ended the episode (none when none was fired), not the startup Job
+# (generation 8 histories on).
+COMPLETION_CITES_ITS_JOB = "claim-completion-cites-its-shutdown-job"
 
 
 def failure_reason(kind: str) -> ClaimReason:
@@ -107,12 +113,15 @@ class ClaimRuntime(SlotVerbs):
         self.s.mark(ClaimReason.DELETED_BY_HAND)
 
     # --- the one chokepoint for moves --------------------------------------------------------------------
-    async def move(self, target: ClaimPhase, reason: str = "", message: str = "", warning: bool = False) -> None:
+    async def move(
+        self, target: ClaimPhase, reason: str = "", message: str = "", warning: bool = False, last_words_of: str = ""
+    ) -> None:
         """Check the move against the legal-moves table, tell the group, then project it onto the resource.
 
         The group is told in the same workflow task (a signal always lands), so the target size and the slot
         follow the claim at once even while the API server refuses the projection. A terminal move is the
-        claim's last word: its digest is final and the projection releases the finalizer.
+        claim's last word: its digest is final and the projection releases the finalizer. `last_words_of` names a
+        failed Job whose Pod's words the recording activity adds to the status message and the Event.
         """
         s = self.s
         s.phase = claims.move(s.phase, target)
@@ -128,7 +137,9 @@ class ClaimRuntime(SlotVerbs):
         terminal = target in (ClaimPhase.FAILED, ClaimPhase.COMPLETED)
         if terminal:
             s.finished_at = now
-            if ConditionType.READY in s.conditions:
+            if ConditionType.READY in s.conditions or (
+                target is ClaimPhase.FAILED and workflow.patched(FAILED_NOT_READY)
+            ):
                 s.set_condition(ConditionType.READY, False, reason or str(target), message, now)
         self.search_attributes()
         metrics.claim_moved(s.seed.namespace, s.seed.group, str(target), s.reason)
@@ -139,12 +150,16 @@ class ClaimRuntime(SlotVerbs):
             event = EventReason.CLAIM_SUPERSEDED
         await self.notify_group(final=terminal)
         spec = {"deadlineAt": None} if target is ClaimPhase.READY else None
+        job = s.startup_job
+        if target is ClaimPhase.COMPLETED and workflow.patched(COMPLETION_CITES_ITS_JOB):
+            job = s.book.last_job
         await self.project(
             event,
-            claims.move_message(target, s.reason, message, s.seed, s.startup_job, s.deadline_at, now),
+            claims.move_message(target, s.reason, message, s.seed, job, s.deadline_at, now),
             warning=warning,
             spec=spec,
             release_finalizer=terminal and s.finalizer,
+            last_words_of=last_words_of,
         )
 
     async def project(
@@ -156,6 +171,7 @@ class ClaimRuntime(SlotVerbs):
         spec: dict[str, Any] | None = None,
         summary: str = "",
         release_finalizer: bool = False,
+        last_words_of: str = "",
     ) -> None:
         """Write the claim's status (and an Event after it landed); nothing when the resource is gone.
 
@@ -164,13 +180,14 @@ class ClaimRuntime(SlotVerbs):
         projection the API server refuses for good is logged and left: the workflow is the claim's authority, and
         the next move projects the whole state again.
         """
+        words = last_words_of
         if not workflow.patched(SERIAL_RECORDS):
-            await self._record(event, message, warning, spec, summary, release_finalizer, serial=False)
+            await self._record(event, message, warning, spec, summary, release_finalizer, serial=False, words=words)
             return
         if self._recording is None:
             self._recording = asyncio.Lock()
         async with self._recording:
-            await self._record(event, message, warning, spec, summary, release_finalizer, serial=True)
+            await self._record(event, message, warning, spec, summary, release_finalizer, serial=True, words=words)
 
     async def _record(
         self,
@@ -182,6 +199,7 @@ class ClaimRuntime(SlotVerbs):
         release_finalizer: bool,
         *,
         serial: bool,
+        words: str = "",
     ) -> None:
         s = self.s
         if s.resource_gone:
@@ -202,6 +220,7 @@ class ClaimRuntime(SlotVerbs):
                     release_finalizer=release_finalizer,
                     revision=s.revision,
                     above_held=serial,
+                    last_words_of=words,
                 ),
                 summary or f"record {s.phase} on claim {seed.name}",
             )
@@ -286,8 +305,9 @@ class ClaimRuntime(SlotVerbs):
         summary = f"record shutdown attempt {self.s.book.attempts} ({job}) on claim {self.s.seed.name}"
         await self.project(EventReason.SCALE_DOWN_STARTED if started else None, started, summary=summary)
 
-    async def on_event(self, reason: EventReason, message: str, warning: bool) -> None:
-        await self.project(reason, message, warning=warning, summary=f"record {reason} on claim {self.s.seed.name}")
+    async def on_event(self, reason: EventReason, message: str, warning: bool, last_words_of: str = "") -> None:
+        summary = f"record {reason} on claim {self.s.seed.name}"
+        await self.project(reason, message, warning=warning, summary=summary, last_words_of=last_words_of)
 
 
 # Writes that need the claim resource: NotFound there means the claim was deleted (its finalizer removed by hand,

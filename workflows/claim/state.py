@@ -61,6 +61,8 @@ class ClaimState:
     was_seen_on: bool = False  # the machine has been observed on since it was powered
     mark_phase: str = ""  # the phase the claim was in when the mark arrived (a cancel, or a reversal)
     revision: int = 0  # projections made: each carries its number, so a late one never lands over a newer one
+    # Generation 8: the Job whose failure failed the claim (its Pod's words are on the resource, not here).
+    failed_job: str = ""
 
     @classmethod
     def from_seed(cls, seed: ClaimSeed) -> ClaimState:
@@ -148,6 +150,7 @@ class ClaimState:
             startup_job=self.startup_job if self.startup_running else "",
             collected=self.resource_gone or self.collect_now,
             observation=self.observation if workflow_done else None,
+            message=self.message if self.terminal else "",
         )
 
     # --- writes ------------------------------------------------------------------------------------------

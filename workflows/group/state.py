@@ -398,7 +398,7 @@ class GroupState:
                         "creating",
                         error_code=code,
                         error_class=error_class,
-                        error_message=f"claim {f.name} failed: {f.reason}",
+                        error_message=f"claim {f.name} failed: {f.reason}" + (f": {f.message}" if f.message else ""),
                     )
                 )
             elif slot.observation.power == "on":
