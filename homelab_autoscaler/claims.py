@@ -150,6 +150,23 @@ class Entry:
     key: str = ""
 
 
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def local_activity_type(e: HistoryEvent) -> str | None:
+    """The call a local activity's marker records (generation 8 on: the Kubernetes calls), or None for any other
+    event."""
+    if e.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+        return None
+    attrs = e.marker_recorded_event_attributes
+    if attrs.marker_name != LOCAL_ACTIVITY_MARKER or "data" not in attrs.details:
+        return None
+    try:
+        return str(json.loads(attrs.details["data"].payloads[0].data).get("activity_type") or "")
+    except (ValueError, IndexError, AttributeError):
+        return ""
+
+
 def _activity_text(kind: str, summary: str) -> str | None:
     """What a completed activity says to a person, or None when it says nothing new: reads, and projections of
     a move the phase line already tells. A projection that records an Event (`ShutdownNotObserved`) says it."""
@@ -184,6 +201,12 @@ def entries(history: WorkflowHistory, *, first_run: bool = True) -> list[Entry]:
             if new != phase:
                 phase = new
                 add(e, f"phase {phase}" + ("" if reason in ("-", "") else f" ({reason})"))
+        elif (local := local_activity_type(e)) is not None:
+            marker = e.marker_recorded_event_attributes
+            if marker.HasField("failure"):
+                add(e, f"FAILED: {_summary(e) or local}: {marker.failure.message}")
+            elif text := _activity_text(local, _summary(e) or local):
+                add(e, text)
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = e.activity_task_scheduled_event_attributes
             scheduled[e.event_id] = (attrs.activity_type.name, _summary(e) or attrs.activity_type.name)

@@ -48,6 +48,7 @@ from temporalio.worker import (
 from activities import KubeActivities
 from api import contracts as c
 from api import names
+from homelab_autoscaler.claims import local_activity_type
 from homelab_autoscaler.temporal import DATA_CONVERTER, build_worker, register_search_attributes
 from kube.adapter import Kube
 from kube.views import LAST_APPLIED
@@ -678,9 +679,6 @@ def history_text(history: WorkflowHistory) -> str:
     return raw + "\n" + "\n".join(decoded)
 
 
-LOCAL_ACTIVITY_MARKER = "core_local_activity"
-
-
 def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
     """Each event's activity call, by name ("" for any other event): a scheduled activity, or a local activity's
     marker (generation 8 on), so a test reads the order of calls whichever way they ran."""
@@ -688,12 +686,6 @@ def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
     for e in events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             names.append(e.activity_task_scheduled_event_attributes.activity_type.name)
-        elif (
-            e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-            and e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
-        ):
-            data = e.marker_recorded_event_attributes.details["data"].payloads[0].data
-            names.append(str(json.loads(data).get("activity_type", "")))
         else:
-            names.append("")
+            names.append(local_activity_type(e) or "")
     return names
