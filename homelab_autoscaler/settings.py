@@ -143,9 +143,10 @@ class WorkerSettings(BaseModel):
     )
     cached_workflows: int = Field(
         1000,
-        ge=0,
+        ge=1,
         le=100_000,
-        description="workflows kept in memory between their tasks (one evicted replays its history at its next task)",
+        description="workflows kept in memory between their tasks (one evicted replays its history at its next task; "
+        "at least 1: the Kubernetes calls are local activities, which need it)",
     )
 
 

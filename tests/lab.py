@@ -52,6 +52,7 @@ from homelab_autoscaler.claims import local_activity_type
 from homelab_autoscaler.temporal import DATA_CONVERTER, build_worker, register_search_attributes
 from kube.adapter import Kube
 from kube.views import LAST_APPLIED
+from workflows import verbs
 from workflows.group.workflow import GroupWorkflow
 
 NS = "homelab"
@@ -503,9 +504,11 @@ async def open_lab(
     sandboxed: bool = True,
     runtime: Runtime | None = None,
 ) -> AsyncIterator[Lab]:
-    """The lab; `cached_workflows=0` replays every workflow task (worker restarts then never meet a sticky queue)."""
+    """The lab; `cached_workflows=0` replays every workflow task (worker restarts then never meet a sticky queue),
+    and its workflows call regular activities (`workflows.verbs.LOCAL_CALLS`: local ones need a cache)."""
     spec = parse_homelab_spec(doc, "test")
     servers = [await start_temporal(runtime)]
+    verbs.LOCAL_CALLS = cached_workflows > 0
     try:
         with HomelabServer(spec, time_scale=0) as hl:
             kube = Kube.connect(server=hl.url, timeout=kube_timeout)
@@ -519,6 +522,7 @@ async def open_lab(
                 kube.close()
                 servers = [*lab.retired, lab.env]
     finally:
+        verbs.LOCAL_CALLS = True
         for env in servers:
             await env.shutdown()
 

@@ -313,7 +313,7 @@ BAD_VALUES: dict[str, str] = {
     "activity_threads": "0",
     "task_pollers": "0",
     "workflow_task_slots": "0",
-    "cached_workflows": "-1",
+    "cached_workflows": "0",
     "provider_address": "nonsense",
     "tls_cert": "/nonexistent/server.pem",
     "tls_key": "/nonexistent/server.key",

@@ -50,6 +50,11 @@ READ_RETRY = RetryPolicy(
 # a backoff longer than TIMINGS.local_retry_threshold is a workflow timer (visible in the history, skipped by the
 # time-skipping server), so no workflow task is held open while the API server is away.
 LOCAL_ACTIVITIES = "activities-run-local"
+# Local activities need the workflow cache: a worker that keeps none evicts a run while its local activity is in
+# flight and cancels the call, at every task (the operator refuses `--cached-workflows 0`). The time-skipping test
+# server moves no task off a dead worker's sticky queue, so the model's worker-restart examples run without a cache:
+# they turn this off for their run (tests/model.py) and take the regular activities older runs still take.
+LOCAL_CALLS = True
 
 
 def run_activity(
@@ -62,7 +67,7 @@ def run_activity(
     result_type: type | None = None,
 ) -> Awaitable[Any]:
     """One activity call, local from generation 8 on (`LOCAL_ACTIVITIES`), as a regular activity before."""
-    if workflow.patched(LOCAL_ACTIVITIES):
+    if LOCAL_CALLS and workflow.patched(LOCAL_ACTIVITIES):
         return workflow.execute_local_activity(
             name,
             arg,
