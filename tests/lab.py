@@ -693,3 +693,18 @@ def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
         else:
             names.append(local_activity_type(e) or "")
     return names
+
+
+def activity_results(events: Sequence[HistoryEvent]) -> list[str]:
+    """The results of the activity calls that completed, as text: a regular activity's, or a local one's marker's
+    (generation 8 on)."""
+    out = []
+    for e in events:
+        if e.HasField("activity_task_completed_event_attributes"):
+            payloads = e.activity_task_completed_event_attributes.result.payloads
+        elif local_activity_type(e) is not None and "result" in e.marker_recorded_event_attributes.details:
+            payloads = e.marker_recorded_event_attributes.details["result"].payloads
+        else:
+            continue
+        out += [p.data.decode(errors="replace") for p in payloads]
+    return out

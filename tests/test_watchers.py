@@ -18,7 +18,19 @@ from api import contracts as c
 from kube.adapter import KUBELET_NODES, Kube
 from kube.errors import NotFound
 from kube.watch import MODIFIED, WatchEvent
-from tests.lab import NS, SECRET, WORDS, Lab, failing_boot, history_text, homelab, open_lab, slot, status_if
+from tests.lab import (
+    NS,
+    SECRET,
+    WORDS,
+    Lab,
+    activity_results,
+    failing_boot,
+    history_text,
+    homelab,
+    open_lab,
+    slot,
+    status_if,
+)
 from watchers.main import Watchers
 from watchers.signals import Signals
 
@@ -218,11 +230,7 @@ async def test_a_failed_boots_cause_is_on_the_slots_report_and_no_reload_or_edit
 
         async def reloaded() -> bool:  # a load of the group read the failed claim back, with its record
             history = await lab.group().fetch_history()
-            loads = [
-                e.activity_task_completed_event_attributes.result.payloads[0].data.decode()
-                for e in history.events
-                if e.HasField("activity_task_completed_event_attributes")
-            ]
+            loads = activity_results(history.events)
             return any(f'"{name}"' in load and '"StartupJobFailed"' in load for load in loads)
 
         await drive(lab, w, reloaded, within=5 * MIN, step=10, what="the group's reload reading the failed claim")
