@@ -141,27 +141,28 @@ class Held(CustomSlotSupplier):
 
 
 class InFlight:
-    """Counts the workflow tasks and the local activities the worker holds right now.
+    """Counts the workflow tasks the worker holds right now.
 
     The time-skipping server strands a workflow whose task cancels a timer that fired while the task was with
-    the worker (see `Lab.settle_after_skip`); a driver that skips time only when no task is out avoids the race. A
-    workflow task running local activities (generation 8 on) is out until they end, so they count too.
+    the worker (see `Lab.settle_after_skip`); a driver that skips time only when no task is out avoids the race.
+    Local activities are not counted with a supplier of their own: the SDK's bridge takes the GIL in a custom
+    supplier while core holds its local-activity lock, and a worker shut down meanwhile deadlocked (sdk-python
+    issue 1642's pattern; seen at the end of a test whose claims were mid-call). `HoldsTheClock` holds the clock
+    while they run instead.
     """
 
     def __init__(self) -> None:
         self.tasks = Held()
-        self.local = Held()
 
     @property
     def held(self) -> int:
-        return self.tasks.held + self.local.held
+        return self.tasks.held
 
     def tuner(self) -> WorkerTuner:
         fixed = FixedSizeSlotSupplier(100)
         return WorkerTuner.create_composite(
             workflow_supplier=self.tasks, activity_supplier=FixedSizeSlotSupplier(16),
-            local_activity_supplier=self.local,
-            nexus_supplier=fixed,
+            local_activity_supplier=fixed, nexus_supplier=fixed,
         )  # fmt: skip
 
     async def quiet(self, *, within: float = 10.0, calm: float = 0.05) -> bool:
