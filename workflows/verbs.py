@@ -44,7 +44,7 @@ READ_RETRY = RetryPolicy(
 )
 
 
-# Kubernetes writes and reads run as local activities (history generation 8 on): the worker that runs the workflow
+# Kubernetes writes and reads run as local activities (history generation 9 on): the worker that runs the workflow
 # task runs the call and records its result in the task's completion, so no activity task goes through Temporal's
 # server (three events, a task queue round trip and a workflow task less per call). Their retries are the SDK's:
 # a backoff longer than TIMINGS.local_retry_threshold is a workflow timer (visible in the history, skipped by the
@@ -66,7 +66,7 @@ def run_activity(
     summary: str,
     result_type: type | None = None,
 ) -> Awaitable[Any]:
-    """One activity call, local from generation 8 on (`LOCAL_ACTIVITIES`), as a regular activity before."""
+    """One activity call, local from generation 9 on (`LOCAL_ACTIVITIES`), as a regular activity before."""
     if LOCAL_CALLS and workflow.patched(LOCAL_ACTIVITIES):
         return workflow.execute_local_activity(
             name,
