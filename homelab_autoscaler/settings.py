@@ -142,7 +142,7 @@ class WorkerSettings(BaseModel):
         description="workflow tasks run at once (more than the interpreter keeps up with time out in Temporal)",
     )
     cached_workflows: int = Field(
-        1000,
+        300,
         ge=1,
         le=100_000,
         description="workflows kept in memory between their tasks (one evicted replays its history at its next task; "

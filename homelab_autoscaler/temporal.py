@@ -214,7 +214,7 @@ def build_worker(
     max_activity_threads: int = 16,
     task_pollers: int = 50,
     workflow_task_slots: int = 8,
-    max_cached_workflows: int = 1000,
+    max_cached_workflows: int = 300,
     sandboxed: bool = True,
     tuner: WorkerTuner | None = None,
     interceptors: Sequence[Interceptor] = (),
