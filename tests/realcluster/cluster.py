@@ -316,12 +316,17 @@ class Cluster:
         wait_until("the serviceaccount controller to create default/default", default_sa, within=60, procs=[cm])
 
     def _kwok_config(self) -> Path:
-        stages_dir = self.bins.parent / "kwok-stages"
-        docs: list[Any] = []
-        for rel in KWOK_STAGES:
-            docs.append(yaml.safe_load((stages_dir / rel).read_text()))
+        """KWOK's Stages, written once and whole: each machine's KWOK reads the file as it starts, and a rewrite for
+        the next machine (truncate, then write) left one reading an empty file ("no stages found"; it exited, and
+        its Node never turned Ready)."""
         path = self.dir / "kwok.yaml"
-        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        if path.exists():
+            return path
+        stages_dir = self.bins.parent / "kwok-stages"
+        docs: list[Any] = [yaml.safe_load((stages_dir / rel).read_text()) for rel in KWOK_STAGES]
+        partial = path.with_suffix(".partial")
+        partial.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        partial.replace(path)
         return path
 
     def start_kubelet(self, node: str) -> Proc:

@@ -223,7 +223,9 @@ class Stack:
             for slot in self.homelab.slots_of(group):
                 self.executor.power_on(slot.name)
             for slot in self.homelab.slots_of(group):
-                wait_until(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name), within=60)
+                kubelet = self.cluster.kubelets.get(slot.node_name)  # a kubelet that exits is said at once
+                wait_until(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name), within=60,
+                           procs=[kubelet] if kubelet is not None else None)  # fmt: skip
             self.start_operator()
             self.start_autoscaler()
         except BaseException:
