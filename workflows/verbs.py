@@ -53,7 +53,8 @@ LOCAL_ACTIVITIES = "activities-run-local"
 # Local activities need the workflow cache: a worker that keeps none evicts a run while its local activity is in
 # flight and cancels the call, at every task (the operator refuses `--cached-workflows 0`). The time-skipping test
 # server moves no task off a dead worker's sticky queue, so the model's worker-restart examples run without a cache:
-# they turn this off for their run (tests/model.py) and take the regular activities older runs still take.
+# a lab without a cache turns this off for its run (tests.lab.open_lab) and takes the regular activities older runs
+# still take.
 LOCAL_CALLS = True
 
 
