@@ -201,28 +201,23 @@ class Stack:
 
     # --- start and stop -----------------------------------------------------------------------------------------
     def start(self) -> Stack:
-        try:
-            self.cluster.start()
-            self.install()
-            self.start_services()
-            self.start_operator()
-            self.start_autoscaler()
-        except BaseException:
-            self.dump()
-            self.stop()
-            raise
-        return self
+        """The whole stack, the driver last. What failed to start is stopped, by PID."""
+        return self._start(machines_on=None)
 
     def start_with_machines_on(self, group: str) -> Stack:
         """The stack with the machines of `group` already on when the operator starts (an install must never power
-        off a running lab: it adopts them), then the driver. What failed to start is stopped, by PID."""
+        off a running lab: it adopts them), then the driver."""
+        return self._start(machines_on=group)
+
+    def _start(self, *, machines_on: str | None) -> Stack:
         try:
             self.cluster.start()
             self.install()
             self.start_services()
-            for slot in self.homelab.slots_of(group):
+            slots = self.homelab.slots_of(machines_on) if machines_on else []
+            for slot in slots:
                 self.executor.power_on(slot.name)
-            for slot in self.homelab.slots_of(group):
+            for slot in slots:
                 kubelet = self.cluster.kubelets.get(slot.node_name)  # a kubelet that exits is said at once
                 wait_until(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name), within=60,
                            procs=[kubelet] if kubelet is not None else None)  # fmt: skip
