@@ -411,6 +411,8 @@ class Stack:
                                  f"{note}")  # fmt: skip
         if binary is not None and self.driver in ("ca", "auto"):
             return binary, note
+        if self.driver == "standin":
+            return None, "the project's stand-in (tests/realcluster/standin.py), asked for by HOMELAB_E2E_DRIVER"
         return None, f"the project's stand-in (tests/realcluster/standin.py); the real one: {note}"
 
     def _run_autoscaler(self, binary: Path, kustomization: str,
