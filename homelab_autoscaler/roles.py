@@ -444,7 +444,9 @@ async def dev_role(settings: Settings, simulate: bool) -> int:
         extra: list[Awaitable[Any]] = []
         if dev.demo:
             client = await connect(temporal)
-            extra.append(demo_task(client, provider_address, server.ui_url, temporal.namespace))
+            extra.append(
+                demo_task(client, provider_address, server.ui_url, temporal.namespace, lab.url if lab else None)
+            )
         return await compose(run_settings, ROLES["run"].roles, stop, extra=extra)
     finally:
         if lab is not None:

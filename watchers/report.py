@@ -510,7 +510,8 @@ class ReportWriter:
             self.warned.discard(ident)
             log.warning("%s %s/%s: Warning Event not written: %s", kind, ident[1], ref.name, err)
             return False
-        log.warning("%s %s/%s cannot be used: %s", kind, ident[1], ref.name, problem)
+        said = "cannot be used" if reason is EventReason.INVALID_SPEC else "is refused"
+        log.warning("%s %s/%s %s: %s", kind, ident[1], ref.name, said, problem)
         return True
 
     async def _delete_node(self, node: JSON) -> None:
