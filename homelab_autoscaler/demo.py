@@ -183,12 +183,14 @@ async def what_it_saved(kube_url: str, namespace: str, group: str) -> None:
     group_windows = {name: {**w, "until": total.counted_to.isoformat()} for name, w in windows.items()}
     own_total = (await asyncio.to_thread(_http, f"{kube_url}/_sim/usage", {"windows": group_windows}))["total"]
     say("what it saved: the operator's usage figures (status.usage, counted from watch events) beside the simulated")
-    say("homelab's own record of its kubelets' Ready periods, over the same windows: operator (homelab)")
-    say(f"  {'slot':<10} {'on s':>14} {'off+booting s':>16} {'boots':>7} {'off%':>13} {'saved Wh':>16}")
+    say("homelab's own record of its kubelets' Ready periods, over the same windows (each slot's since to the time its")
+    say("figures were last written; the group's at one instant): operator (homelab)")
+    say(f"  {'slot':<10} {'counted':>8} {'on s':>14} {'off+booting s':>16} {'boots':>7} {'off%':>13} {'saved Wh':>16}")
     for name, u in sorted(slots.items()):
         h = own[name]
+        to = f"{u.counted_to:%H:%M:%S}" if u.counted_to else "-"
         say(
-            f"  {name:<10} {u.on_seconds + u.draining_seconds:>6} ({h['onSeconds']:>5.0f}) "
+            f"  {name:<10} {to:>8} {u.on_seconds + u.draining_seconds:>6} ({h['onSeconds']:>5.0f}) "
             f"{u.off_seconds + u.booting_seconds:>7} ({h['offSeconds']:>6.0f}) {u.boots:>2} ({h['boots']:>2}) "
             f"{u.off_percent or 0:>5.1f} ({h['offPercent'] or 0:>5.1f}) "
             f"{_wh(u.energy_saved_wh):>7} ({_wh(h.get('energySavedWh')):>6})"

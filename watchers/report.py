@@ -58,7 +58,7 @@ from api.names import (
     label_value,
     provider_id,
 )
-from api.v2alpha1 import ClaimDigest, Condition, GroupUsage, NodeStatus, NodeTemplate
+from api.v2alpha1 import ClaimDigest, Condition, GroupUsage, NodeStatus, NodeTemplate, SlotUsage
 from domain import claims, history, law, usage
 from kube import views
 from kube.adapter import GROUPS, SLOTS, Kube, ObjectRef
@@ -366,7 +366,7 @@ class ReportWriter:
                 await self._stamp_identity(key, raw, node)
             current = parse_status(raw)
             desired = slot_status(current, facts, now)
-            entry = self.look(key, raw, usage.state_of(report_of(facts), facts.power), current, now)
+            entry = self.look(key, raw, usage.state_of(report_of(facts), facts.power), current.usage, now)
             if status_patch(current, desired) or self.usage.due(key, current.usage, early=flush_early):
                 desired = desired.model_copy(update={"usage": self.usage.status_of(entry)})
             patch = status_patch(current, desired)
@@ -397,13 +397,13 @@ class ReportWriter:
         return False
 
     # --- usage figures -----------------------------------------------------------------------------------
-    def look(self, key: Key, slot: JSON, state: UsageState, current: NodeStatus, now: datetime) -> Entry:
-        """Count the slot's time up to now in the usage book, with its draw and reset request as the slot and its
-        Group say them now."""
+    def look(self, key: Key, slot: JSON, state: UsageState, stored: SlotUsage | None, now: datetime) -> Entry:
+        """Count the slot's time up to now in the usage book (`stored`: its figures as the status holds them), with
+        its draw and reset request as the slot and its Group say them now."""
         group = self.cluster.group_of(key)
         draw = usage.effective_draw(views.power_draw(slot), views.power_draw(group))
         asked = [when for when in (views.usage_reset(slot)[0], views.usage_reset(group)[0]) if when is not None]
-        return self.usage.look(key, slot, current.usage, state, draw, max(asked, default=None), now)
+        return self.usage.look(key, slot, stored, state, draw, max(asked, default=None), now)
 
     async def _usage_written(self, key: Key, slot: JSON, now: datetime) -> None:
         """The figures landed: a period a reset ended is said in an Event on the slot (its figures are not lost)."""
@@ -427,9 +427,9 @@ class ReportWriter:
         self.usage.forget(keep=keys)
         for key in keys:
             slot = self.cluster.slots[key]
-            current = parse_status(slot)
-            self.look(key, slot, self.usage_state(key), current, now)
-            if self.usage.due(key, current.usage, early=True):
+            stored = stored_usage(slot)  # the figures only: the tick parses no history
+            self.look(key, slot, self.usage_state(key), stored, now)
+            if self.usage.due(key, stored, early=True):
                 written += await self.slot(key, now, flush_early=True)
         for namespace, name in sorted(self.cluster.groups):
             written += await self.group(namespace, name, now, flush_early=True)
@@ -594,7 +594,7 @@ class ReportWriter:
         for key in keys:
             facts, _, _ = await self.facts(key, now)
             slot = self.cluster.slots[key]
-            self.look(key, slot, usage.state_of(report_of(facts), facts.power), parse_status(slot), now)
+            self.look(key, slot, usage.state_of(report_of(facts), facts.power), stored_usage(slot), now)
             on += facts.power == PowerState.ON
             newest = self.cluster.newest_claim(key)
             failed = newest is not None and claim_phase(newest) == ClaimPhase.FAILED
@@ -630,6 +630,17 @@ class ReportWriter:
         due = [history.next_expiry(parse_status(s)) for s in self.cluster.slots.values()]
         found = [d for d in due if d is not None]
         return min(found) if found else None
+
+
+def stored_usage(slot: Mapping[str, Any] | None) -> SlotUsage | None:
+    """A slot's usage figures as its status holds them (None when absent or unreadable: they start over)."""
+    raw = status(slot).get("usage")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return SlotUsage.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _group_usage(raw: Any) -> GroupUsage | None:

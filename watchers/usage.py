@@ -175,13 +175,6 @@ class UsageBook:
         for key in [k for k in self.entries if k not in kept]:
             del self.entries[key]
 
-    def next_flush(self, now: datetime) -> datetime | None:
-        """When the oldest tally is due in its status (the wall time, for the writer's timer)."""
-        if not self.entries:
-            return None
-        oldest = min(e.flushed for e in self.entries.values())
-        return now + timedelta(seconds=max(0.0, oldest + self.flush - self.monotonic()))
-
     # --- metrics -------------------------------------------------------------------------------------------------
     def _meter_new(self, entry: Entry, before: usage.Tally | None) -> None:
         """A tally resumed: every state's series exists from now on; what the resume counted is on the counters too
