@@ -426,23 +426,28 @@ class ReportWriter:
         keys = [k for k in self.cluster.all_slots() if not meta(self.cluster.slots[k]).get("deletionTimestamp")]
         self.usage.forget(keep=keys)
         for key in keys:
-            slot = self.cluster.slots[key]
+            slot = self.cluster.slots.get(key)  # a slot deleted while an earlier one was written is skipped
+            if slot is None:
+                continue
             stored = stored_usage(slot)  # the figures only: the tick parses no history
-            self.look(key, slot, self.usage_state(key), stored, now)
+            self.look(key, slot, self.usage_state(key, slot), stored, now)
             if self.usage.due(key, stored, early=True):
                 written += await self.slot(key, now, flush_early=True)
-        for namespace, name in sorted(self.cluster.groups):
-            written += await self.group(namespace, name, now, flush_early=True)
+        for (namespace, name), raw in sorted(self.cluster.groups.items()):
+            figures = self.usage.group_usage(self.cluster.slots_of_group(namespace, name), now)
+            held = _group_usage(status(raw).get("usage"))
+            if self.usage.group_due((namespace, name), held, figures, early=True):  # else no facts are read
+                written += await self.group(namespace, name, now, flush_early=True)
         return written
 
-    def usage_state(self, key: Key) -> UsageState:
+    def usage_state(self, key: Key, slot: JSON) -> UsageState:
         """The slot's usage state from the picture, without the rest of its facts (the tick looks at every slot)."""
         cl = self.cluster
         live = cl.live_claim(key)
         marked = live is not None and (
             bool(meta(live).get("deletionTimestamp")) or _condition_true(live, "MarkedForDeletion")
         )
-        power = law.power_of(cl.node_of(cl.slots[key]))
+        power = law.power_of(cl.node_of(slot))
         return usage.state_for(None if live is None else claim_phase(live), marked, power)
 
     async def warn_annotation(self, kind: str, obj: Mapping[str, Any], now: datetime) -> bool:
@@ -593,7 +598,7 @@ class ReportWriter:
         why: list[str] = []
         for key in keys:
             facts, _, _ = await self.facts(key, now)
-            slot = self.cluster.slots[key]
+            slot = self.cluster.slots.get(key) or {}
             self.look(key, slot, usage.state_of(report_of(facts), facts.power), stored_usage(slot), now)
             on += facts.power == PowerState.ON
             newest = self.cluster.newest_claim(key)
