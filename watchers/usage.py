@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -119,6 +119,7 @@ class UsageBook:
             entry.looked = mono
             entry.draw = draw
             self._meter(entry, before)
+            entry.labels["group"] = str(spec(slot).get("group") or "")  # a slot moved to another group counts there
         if usage.reset_due(entry.tally, reset, now):
             entry.reset_from = entry.reset_from or entry.tally
             entry.tally = usage.start(state, now, reset)
@@ -186,7 +187,7 @@ class UsageBook:
         self.meters.boots.add(0, entry.labels)
         self.meters.shutdowns.add(0, entry.labels)
         if before is not None:
-            self._meter(entry, replace(before, unobserved=entry.tally.unobserved))
+            self._meter(entry, before)
 
     def _meter(self, entry: Entry, before: usage.Tally) -> None:
         if self.meters is None:
