@@ -658,6 +658,7 @@ async def test_the_sums_hold_through_real_workflows_restarts_and_a_temporal_loss
     figures equal the homelab's own record to the second. The test's wall clock moves beside Temporal's."""
     # No workflow cache: a restarted worker never meets the sticky queue the time-skipping server keeps for the old one.
     async with open_lab(homelab([slot("s1"), slot("s2")], powerDraw=DRAW), cached_workflows=0, sandboxed=False) as lab:
+        lab.settle_after_skip = 0.1  # see Lab.settle_after_skip: this driver signals right after every skip
         clock = Clock(wall=datetime.now(UTC).replace(microsecond=0))
         lab.lab.call(lambda h: setattr(h.emulator, "clock", clock.now))
         sims = Homelab(lab.lab, lab.kube, clock, LAB_NS)
@@ -698,7 +699,7 @@ async def test_the_sums_hold_through_real_workflows_restarts_and_a_temporal_loss
             await passes(600)
             await lab.group().execute_update(GroupWorkflow.delete_nodes, [booted])
             await drive(lab, w, lambda: slot_status(lab, booted).get("powerState") == "off", within=10 * MIN,
-                        what="the machine off")  # fmt: skip
+                        what="the machine off", step=30)  # fmt: skip
             await passes(900)
             clock.advance(FLUSH)
             await w.pump()
