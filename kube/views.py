@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from api import contracts as c
 from api import names
-from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, parse_duration
+from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, PowerDraw, parse_duration
 from domain import law
 from kube.objects import meta, spec, status
 
@@ -129,6 +129,32 @@ def attempts_reset_at(slot: Mapping[str, Any] | None) -> datetime | None:
     """The slot's reset-attempts annotation: the claims before it leave the boot-attempt streak."""
     annotations = meta(slot).get("annotations") or {}
     return time_of(annotations.get(names.ANNOTATION_RESET_ATTEMPTS)) if isinstance(annotations, dict) else None
+
+
+# --- usage figures ----------------------------------------------------------------------------------------
+def power_draw(obj: Mapping[str, Any] | None) -> PowerDraw | None:
+    """A slot's or Group's `spec.powerDraw` (None when absent, or unreadable: the object's Valid condition says why)."""
+    raw = spec(obj).get("powerDraw")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return PowerDraw.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def usage_reset(obj: Mapping[str, Any] | None) -> tuple[datetime | None, str]:
+    """The time of a slot's or Group's reset-usage annotation, or why its value is none ("" when it is, or there is
+    no annotation). Annotations are not secrets: the value is quoted."""
+    annotations = meta(obj).get("annotations") or {}
+    value = annotations.get(names.ANNOTATION_RESET_USAGE) if isinstance(annotations, Mapping) else None
+    if value is None:
+        return None, ""
+    when = time_of(value)
+    if when is None:
+        where = f"metadata.annotations[{names.ANNOTATION_RESET_USAGE}]"
+        return None, f"{where}: {str(value)[:64]!r} is not an RFC 3339 time (say 2030-01-01T00:00:00Z)"
+    return when, ""
 
 
 # --- Jobs --------------------------------------------------------------------------------------------------

@@ -129,6 +129,11 @@ def columns(kind: str) -> list[tuple[str, str, str, int]]:
 
 def test_printer_columns() -> None:
     age = ("Age", ".metadata.creationTimestamp", "date", 0)
+    usage = [  # what it saved (issue 35): the share off and the energy saved; the energy used with -o wide
+        ("Off%", ".status.usage.offPercent", "number", 0),
+        ("Saved(Wh)", ".status.usage.energySavedWh", "number", 0),
+        ("Used(Wh)", ".status.usage.energyUsedWh", "number", 1),
+    ]
     assert columns(names.KIND_NODECLAIM) == [
         ("Node", ".spec.node", "string", 0),
         ("Group", ".spec.group", "string", 0),
@@ -144,6 +149,7 @@ def test_printer_columns() -> None:
         ("Power", ".status.powerState", "string", 0),
         ("Phase", ".status.phase", "string", 0),
         ("Activations24h", ".status.activationsLast24H", "integer", 0),
+        *usage,
         age,
     ]
     assert columns(names.KIND_GROUP) == [
@@ -151,6 +157,7 @@ def test_printer_columns() -> None:
         ("On", ".status.on", "integer", 0),
         ("Off", ".status.off", "integer", 0),
         ("Health", ".status.health", "string", 0),
+        *usage,
         age,
     ]
 
