@@ -30,6 +30,10 @@ ANNOTATION_CLAIM_CALL = f"{GROUP}/call"
 # Set (to an RFC 3339 time) on a slot to restart its boot-attempt streak: the claims before it no longer count.
 ANNOTATION_RESET_ATTEMPTS = f"{GROUP}/reset-attempts"
 ANNOTATION_TEMPLATE_SNAPSHOT_AT = f"{GROUP}/template-snapshot-at"
+# On a shutdown Job: its number in its claim's (or release's) shutdown streak, read back by a run taking over.
+ANNOTATION_SHUTDOWN_ATTEMPT = f"{GROUP}/shutdown-attempt"
+# On an Event: the fact it says, when more than one run may say it; one Event per object, reason and fact.
+ANNOTATION_EVENT_FACT = f"{GROUP}/fact"
 
 FINALIZER_CLAIM = f"{GROUP}/claim"
 
