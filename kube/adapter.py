@@ -701,9 +701,24 @@ class Kube:
         raise Conflict(f"{what}: still conflicting after {CAS_ATTEMPTS} attempts to bump the count")
 
     def _event_of_fact(self, regarding: ObjectRef, reason: str, fact: str) -> JSON | None:
-        """The object's Event with this reason that says `fact` (its annotation), if one was recorded."""
+        """The object's Event with this reason that says `fact` (its annotation), if one was recorded. A list no
+        retry can fix (an install whose RBAC lacks `events list`) finds none: the fact may be said twice, the Event
+        is never held back."""
         selected = f"involvedObject.uid={regarding.uid},reason={reason}"
-        for event in self.list_raw(EVENTS, regarding.namespace, fields=selected)[0]:
+        try:
+            events = self.list_raw(EVENTS, regarding.namespace, fields=selected)[0]
+        except KubeError as exc:
+            if exc.retryable:
+                raise
+            log.info(
+                "%s of %s %s: Events not looked up (%s); it may be said again",
+                reason,
+                regarding.kind,
+                regarding.name,
+                exc,
+            )
+            return None
+        for event in events:
             annotations = (event.get("metadata") or {}).get("annotations") or {}
             if annotations.get(names.ANNOTATION_EVENT_FACT) == fact:
                 return event

@@ -952,3 +952,17 @@ def test_a_shutdown_job_carries_its_number_in_the_streak(examples: dict[str, lis
     job = build_job(slot, "shutdown", "c1-shutdown-3", "c1", "u1", attempt=2)
     assert job["metadata"]["annotations"] == {names.ANNOTATION_SHUTDOWN_ATTEMPT: "2"}
     assert "annotations" not in build_job(slot, "startup", "c1-startup", "c1", "u1")["metadata"]
+
+
+def test_an_event_of_a_fact_is_said_when_events_cannot_be_listed(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    """An install whose RBAC lacks `events list` (manifests older than the worker): the fact cannot be looked up, and
+    the Event is said all the same (maybe twice), never held back by a write retried for good."""
+    acts.create_claim(seed())
+    cluster.emulator.faults.append(
+        Fault(match=lambda r: r.plural == "events" and r.verb == "list", status=403, reason="Forbidden", times=None)
+    )
+    acts.record_claim(
+        c.StatusWrite(NS, "c1", status={"phase": "ready"}, event_reason="ScaleDownStarted", event_message="m",
+                      event_fact="c1: scale-down started")
+    )  # fmt: skip
+    assert sorted(e["reason"] for e in objects(cluster, "v1", "events")) == ["ClaimCreated", "ScaleDownStarted"]
