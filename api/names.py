@@ -32,6 +32,10 @@ ANNOTATION_RESET_ATTEMPTS = f"{GROUP}/reset-attempts"
 ANNOTATION_TEMPLATE_SNAPSHOT_AT = f"{GROUP}/template-snapshot-at"
 # Set (to an RFC 3339 time) on a slot or its Group to start a new period of the usage figures once that time has come.
 ANNOTATION_RESET_USAGE = f"{GROUP}/reset-usage"
+# On a shutdown Job: its number in its claim's (or release's) shutdown streak, read back by a run taking over.
+ANNOTATION_SHUTDOWN_ATTEMPT = f"{GROUP}/shutdown-attempt"
+# On an Event: the fact it says, when more than one run may say it; one Event per object, reason and fact.
+ANNOTATION_EVENT_FACT = f"{GROUP}/fact"
 
 FINALIZER_CLAIM = f"{GROUP}/claim"
 

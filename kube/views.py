@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -178,6 +178,46 @@ def job_owners(job: Mapping[str, Any] | None) -> tuple[str, str]:
     if not isinstance(labels, Mapping):
         return "", ""
     return str(labels.get(names.LABEL_NODE) or ""), str(labels.get(names.LABEL_NODECLAIM) or "")
+
+
+def claim_jobs(claim: Mapping[str, Any], jobs: Iterable[Mapping[str, Any]], now: datetime) -> tuple[c.JobRecord, ...]:
+    """The claim's own lifecycle Jobs among `jobs`: owned by it (a claim owner of another uid is another claim of
+    that name), or labelled with it when made without owners; by name. `now` is the reader's clock, for their age."""
+    m = meta(claim)
+    name, uid = str(m.get("name") or ""), str(m.get("uid") or "")
+    found = []
+    for job in jobs:
+        if job_owners(job)[1] != name and not (
+            not meta(job).get("ownerReferences")
+            and (meta(job).get("labels") or {}).get(names.LABEL_NODECLAIM) == names.label_value(name)
+        ):
+            continue
+        owner_uids = {
+            str(ref.get("uid") or "")
+            for ref in meta(job).get("ownerReferences") or []
+            if isinstance(ref, Mapping) and ref.get("kind") == names.KIND_NODECLAIM and ref.get("uid")
+        }
+        if owner_uids and uid and uid not in owner_uids:
+            continue
+        job_type = str((meta(job).get("labels") or {}).get(names.LABEL_JOB_TYPE) or "")
+        if job_type not in (names.JobType.STARTUP, names.JobType.SHUTDOWN):
+            continue
+        job_name = str(meta(job).get("name") or "")
+        state = job_status(job_name, job)
+        created = time_of(meta(job).get("creationTimestamp"))
+        attempt = str((meta(job).get("annotations") or {}).get(names.ANNOTATION_SHUTDOWN_ATTEMPT) or "")
+        found.append(
+            c.JobRecord(
+                name=job_name,
+                job_type=job_type,
+                state=state.state,
+                reason=state.reason,
+                age_seconds=max((now - created).total_seconds(), 0.0) if created else 0.0,
+                attempt=int(attempt) if attempt.isdigit() else 0,
+                sequence=c.job_sequence(job_name, job_type),
+            )
+        )
+    return tuple(sorted(found, key=lambda j: j.name))
 
 
 # --- claims ------------------------------------------------------------------------------------------------

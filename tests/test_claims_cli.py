@@ -35,7 +35,7 @@ def claim_history(prefix: str) -> WorkflowHistory:
     raise AssertionError(f"no claim history recorded for {prefix}")
 
 
-@pytest.mark.parametrize("generation", ["", "v9-"])  # v9: the Kubernetes calls are local activities (markers)
+@pytest.mark.parametrize("generation", ["", "v10-"])  # v9 on: the Kubernetes calls are local activities (markers)
 def test_timeline_of_a_scale_down_reads_as_the_claims_story(generation: str) -> None:
     lines = timeline(claim_history(f"{generation}scale_down_ready"))
     text = "\n".join(lines)
@@ -66,7 +66,7 @@ def times(lines: list[str]) -> list[datetime]:
     return out
 
 
-@pytest.mark.parametrize("history", claim_histories("v3-") + claim_histories("v9-"), ids=lambda h: h.workflow_id)
+@pytest.mark.parametrize("history", claim_histories("v3-") + claim_histories("v10-"), ids=lambda h: h.workflow_id)
 def test_a_timeline_is_in_time_order_without_internal_or_repeated_lines(history: WorkflowHistory) -> None:
     lines = timeline(history)
     text = "\n".join(lines)

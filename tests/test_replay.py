@@ -37,6 +37,9 @@ def test_histories_are_recorded() -> None:
     assert types == {"GroupWorkflow", "NodeClaimWorkflow", "ReleaseWorkflow"}
 
 
+# Every generation is replayed (600+ histories from v10): about 70 s of CPU, past the suite's 120 s default on a
+# loaded 2-core box.
+@pytest.mark.timeout(900)
 async def test_every_recorded_history_replays() -> None:
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=sandbox_runner())
     for history in histories():

@@ -206,6 +206,7 @@ class _JobRun:
     pod_uid: str = ""
     failures: int = 0
     scripts: dict[str, ScriptRun] = field(default_factory=dict)  # what each container of the current Pod does
+    hung: bool = False  # its current Pod started under ``jobHangs`` and has not ended
 
 
 class Homelab:
@@ -341,6 +342,18 @@ class Homelab:
         elif attr == "taint_never_clears" and machine.stage is Stage.READY:
             self._after(machine, machine.timings.taint_clear_seconds, lambda: self._clear_taints(machine))
 
+    def end_hanging_jobs(self, slot: str) -> list[str]:
+        """A slow Job's end: the Pods of this machine's Jobs that hang (``jobHangs``) end now, as their scripts say
+        (the switch itself stays as it is). The names of the Jobs whose Pods ended."""
+        machine = self.machine(slot)
+        ended = []
+        for run in list(self._runs.values()):
+            if run.machine is machine and run.hung:
+                run.hung = False
+                ended.append(run.name)
+                self._end_pod(run, run.pod_uid)
+        return ended
+
     def die(self, slot: str) -> None:
         """Pull the plug: the machine is off at once and its Node goes Ready=Unknown. No-op when off."""
         machine = self.machine(slot)
@@ -471,6 +484,7 @@ class Homelab:
         )
         self._job_status(run.name, run.uid, {"active": 1, "ready": 1})
         if machine.faults.job_hangs:
+            run.hung = True
             self._record(machine, "job-hangs", f"{run.job_type} {run.name}")
             return
         pod_uid = run.pod_uid
@@ -863,6 +877,9 @@ class HomelabServer:
 
     def set_fault(self, slot: str, name: str, value: bool = True) -> None:
         self.call(lambda lab: lab.set_fault(slot, name, value))
+
+    def end_hanging_jobs(self, slot: str) -> list[str]:
+        return self.call(lambda lab: lab.end_hanging_jobs(slot))
 
     def history(self, slot: str | None = None) -> list[HomelabEvent]:
         """What the machines did so far (optionally one slot's), oldest first."""
