@@ -62,12 +62,17 @@ docs: $(STAMP) ## regenerate docs/configuration.md
 proto: $(STAMP) ## regenerate the externalgrpc stubs
 	$(BIN)/python -m proto.generate
 
-# Add a generation of recorded histories (make histories TAG=v3) when workflow code changed behind a patch:
-# the older generations stay, so every version that may still be running is replayed by tests/test_replay.py.
+# The replay corpus of this release: every story of tests/test_workflows.py and tests/test_record.py recorded as
+# tests/histories/r<release>-<story>-NN.json (the release of pyproject.toml's version; TAG=... names it otherwise).
+# This release's files are replaced; the previous release's stay, replayed by tests/test_replay.py until the release
+# after this one (docs/upgrades.md: the supported upgrade is from the previous release).
 TAG ?=
-histories: $(STAMP) ## record a generation of workflow histories (TAG=vN)
-	@test -n "$(TAG)" || (echo "make histories TAG=<generation>: older generations are kept"; exit 2)
-	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py tests/test_record.py
+histories: $(STAMP) ## record this release's workflow histories (tests/histories/r<release>-*.json)
+	@set -e; tag="$(TAG)"; tag=$${tag:-$$($(BIN)/python -m tests.releases history-tag)}; \
+		rm -f tests/histories/$$tag-*.json; \
+		HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$$tag $(BIN)/pytest -q -p no:cacheprovider \
+			tests/test_workflows.py tests/test_record.py; \
+		echo "recorded $$(ls tests/histories/$$tag-*.json | wc -l) histories as tests/histories/$$tag-*.json"
 
 # The model-based adversary for as long as asked (tests/model.py): prints every seed, the examples and the steps.
 SOAK_MINUTES ?= 30

@@ -230,9 +230,8 @@ class ClaimDigest:
     finished_at: datetime | None = None
     machine_off: bool = False
     workflow_done: bool = False
-    # Generation 3 (a generation-2 claim drains and collects itself; a generation-3 one ends at its terminal
-    # phase and leaves both to its group): what the group needs to finish the claim's episode.
-    generation: int = 2
+    # What the group needs to finish the claim's episode (a claim ends at its terminal phase and leaves the release
+    # of its machine and the collection of its resource to its group).
     ttl_seconds: int = 3600
     hand_over: bool = False  # superseded or slot deleted: the machine is someone else's (or nobody's) to act on
     powered: bool = False  # its startup Job succeeded (or it took a machine already on): maybe on though unseen

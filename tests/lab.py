@@ -62,7 +62,7 @@ REAL_TIME_GRACE = 10.0
 STALL_WINDOW = 15.0
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("HOMELAB_RECORD_HISTORIES") == "1"
-# A generation prefix: histories of every released workflow version stay, so an upgrade is checked against all.
+# The release prefix of what is recorded (`make histories` sets it: r<release>, tests/releases.py).
 TAG = f"{os.environ['HOMELAB_HISTORY_TAG']}-" if os.environ.get("HOMELAB_HISTORY_TAG") else ""
 
 
@@ -599,7 +599,7 @@ async def status_if(lab: Lab, name: str, pred: Any) -> dict[str, Any] | None:
 async def slot_free(lab: Lab, slot_name: str) -> bool:
     snap = await lab.snapshot()
     s = snap["slots"][slot_name]
-    return not (s["liveClaim"] or s["drainingClaim"] or s["releasing"])
+    return not (s["liveClaim"] or s["releasing"])
 
 
 def seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> None:
