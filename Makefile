@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e e2e-real cluster-bins soak chaos bench bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real cluster-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -73,6 +73,13 @@ histories: $(STAMP) ## record this release's workflow histories (tests/histories
 		HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$$tag $(BIN)/pytest -q -p no:cacheprovider \
 			tests/test_workflows.py tests/test_record.py; \
 		echo "recorded $$(ls tests/histories/$$tag-*.json | wc -l) histories as tests/histories/$$tag-*.json"
+
+# The upgrade from the previous release (tests/upgrade/): the previous release's wheel, built from its tag (or the
+# commit tests/releases.py records) into a virtualenv cached in ~/.cache/homelab-autoscaler/upgrade/, runs the operator
+# with a claim in every phase; this checkout's operator takes over on the same Temporal and homelab. ~2 min, plus
+# ~40 s the first time (the build). Not in `make test`: real processes in real time; CI runs it (.ci/run).
+upgrade: $(STAMP) ## upgrade from the previous release with claims in every phase in flight (tests/upgrade)
+	HOMELAB_UPGRADE=1 $(BIN)/pytest -v -s -rs -p no:cacheprovider tests/upgrade
 
 # The model-based adversary for as long as asked (tests/model.py): prints every seed, the examples and the steps.
 SOAK_MINUTES ?= 30
