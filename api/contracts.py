@@ -230,6 +230,9 @@ class ClaimDigest:
     finished_at: datetime | None = None
     machine_off: bool = False
     workflow_done: bool = False
+    # Read by the 0.2 line only, which takes a digest without it for a generation-2 claim's (one that drains and
+    # collects itself): written as 3 while a group of that line may read it (a rollback, a rolling update), then gone.
+    generation: int = 3
     # What the group needs to finish the claim's episode (a claim ends at its terminal phase and leaves the release
     # of its machine and the collection of its resource to its group).
     ttl_seconds: int = 3600
