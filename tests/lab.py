@@ -686,7 +686,7 @@ def history_text(history: WorkflowHistory) -> str:
 
 def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
     """Each event's activity call, by name ("" for any other event): a scheduled activity, or a local activity's
-    marker (generation 9 on), so a test reads the order of calls whichever way they ran."""
+    marker, so a test reads the order of calls whichever way they ran."""
     names = []
     for e in events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -697,8 +697,7 @@ def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
 
 
 def activity_results(events: Sequence[HistoryEvent]) -> list[str]:
-    """The results of the activity calls that completed, as text: a regular activity's, or a local one's marker's
-    (generation 9 on)."""
+    """The results of the activity calls that completed, as text: a regular activity's, or a local one's marker's."""
     out = []
     for e in events:
         if e.HasField("activity_task_completed_event_attributes"):

@@ -20,7 +20,7 @@ from enum import StrEnum
 class Patch(StrEnum):
     """A patch id as histories record it: a value never changes (a recorded marker names it)."""
 
-    # Each run of 0.2 chose its workflow generation with these (0.2 kept generation 2 frozen in workflows/legacy).
+    # Each run of the 0.2 line chose its workflow generation with these (generation 2 was a frozen copy).
     CLAIM_GENERATION_3 = "claim-generation-3"
     GROUP_GENERATION_3 = "group-generation-3"
     RELEASE_GENERATION_3 = "release-generation-3"
