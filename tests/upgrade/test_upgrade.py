@@ -25,8 +25,6 @@ import asyncio
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +46,7 @@ from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from tests import releases
 from tests.chaos import BENIGN_TASK_FAILURES, Proc
-from tests.procs import BIN, free_port, port_open, wait_for
+from tests.procs import BIN, free_port, port_open, readyz, wait_for
 from tests.upgrade.previous import previous_operator
 from workflows.patches import Patch
 
@@ -109,7 +107,7 @@ class Stack:
         ]  # fmt: skip
         self.operator = Proc(name, args, self.dir / f"{name}.log")
         self.operator.start()
-        wait_for(lambda: self.readyz() == 200, timeout=WAIT, what=f"the {name} operator's /readyz")
+        wait_for(lambda: readyz(self.health_port) == 200, timeout=WAIT, what=f"the {name} operator's /readyz")
         wait_for(lambda: port_open(self.provider_port), timeout=WAIT, what=f"the {name} operator's provider")
 
     def stop(self) -> None:
@@ -117,15 +115,6 @@ class Stack:
         assert self.operator is not None
         self.operator.stop()
         assert not self.operator.alive
-
-    def readyz(self) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=3) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as err:
-            return int(err.code)
-        except OSError:
-            return 0
 
     # --- cluster-autoscaler -----------------------------------------------------------------------------------------
     async def increase(self, delta: int) -> None:
