@@ -93,13 +93,16 @@ e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 
 # The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~10 min cold, seconds when cached
 # in ~/.cache/homelab-autoscaler/cluster-bins/<versions>): kube-apiserver, controller-manager, scheduler, kubectl,
-# etcd and KWOK. tests/realcluster/versions.env holds the versions.
+# etcd, KWOK and helm. tests/realcluster/versions.env holds the versions.
 cluster-bins: ## build (or reuse) the real control plane's binaries from the Go module proxy
 	tests/realcluster/build.sh
 
 # The story on that control plane, driven by cluster-autoscaler (the real one when one can be had, else the
 # project's stand-in: the run's first line says which), with the RBAC audit and the emulator-versus-real diff.
+# First the Helm chart against deploy/ (tests/test_chart.py): `make test` skips it until helm is built, here a
+# missing binary fails it.
 e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~10 min)
+	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo

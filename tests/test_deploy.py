@@ -446,7 +446,7 @@ def _render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
 
 def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name() -> None:
     documented = yaml.safe_load(_install_block("yaml", "# kustomization.yaml of your overlay"))["images"][0]["name"]
-    for path in ("base", "overlays/homelab", "overlays/split"):
+    for path in ("base", "overlays/homelab", "overlays/split", "components/split"):
         kustomization = yaml.safe_load((DEPLOY / path / "kustomization.yaml").read_text())
         (entry,) = kustomization["images"]
         assert entry["name"] == "homelab-autoscaler", f"deploy/{path}: the manifests' placeholder"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK) from the Go
-# module proxy into a cache directory keyed by tests/realcluster/versions.env, and says whether cluster-autoscaler
-# can be had. Idempotent, and safe to run twice at once (one flock per cache key). Prints the directory last.
+# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK) and helm
+# from the Go module proxy into a cache directory keyed by tests/realcluster/versions.env, and says whether
+# cluster-autoscaler can be had. Idempotent, and safe to run twice at once (one flock per cache key). Prints the
+# directory last.
 #
 #   tests/realcluster/build.sh            build what is missing, print the bin directory
 #   tests/realcluster/build.sh --where    print the bin directory only (nothing is built)
@@ -99,6 +100,21 @@ build_kwok() {
   mv -f "$m/kwok" "$dir/bin/kwok"
 }
 
+# helm, for the chart in charts/: tests/test_chart.py renders it against deploy/, tests/realcluster/test_helm_real.py
+# installs, upgrades and uninstalls it. The module path carries the major version (helm.sh/helm/v4). A stamp names
+# the version built, so a new HELM_VERSION rebuilds helm alone, not the control plane beside it.
+build_helm() {
+  local m="$work/helm" module="helm.sh/helm/${HELM_VERSION%%.*}"
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/helm-bins\n\ngo 1.26.0\n\nrequire %s %s\n' "$module" "$HELM_VERSION" >"$m/go.mod"
+  (cd "$m" && go mod download "$module" &&
+    go build -trimpath -ldflags "-s -w -X $module/internal/version.version=$HELM_VERSION \
+      -X $module/internal/version.gitTreeState=clean" -o "$m/helm" "$module/cmd/helm")
+  rm -f "$dir"/helm-*.built
+  mv -f "$m/helm" "$dir/bin/helm"
+  touch "$dir/helm-$HELM_VERSION.built"
+}
+
 # cluster-autoscaler: built when the proxy serves it; otherwise the exact refusal is kept for the harness to print.
 # Its go.mod replaces its apis module with ./apis, which a dependency loses: the wrapper pins the apis module to the
 # same commit and repeats the rest of its replace block. No `go mod tidy`: tidy considers every build tag and would
@@ -162,6 +178,7 @@ t_all=$(stamp)
 run "kubernetes $KUBERNETES_VERSION" "bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubectl" build_kubernetes
 run "etcd $ETCD_VERSION" bin/etcd build_etcd
 run "kwok $KWOK_VERSION" "bin/kwok kwok-stages" build_kwok
+run "helm $HELM_VERSION" "bin/helm helm-$HELM_VERSION.built" build_helm
 rm -f "$dir/cluster-autoscaler.unavailable"
 if [[ ! -x "$dir/bin/cluster-autoscaler" ]]; then
   run "cluster-autoscaler" bin/cluster-autoscaler build_cluster_autoscaler
