@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -41,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from api import names
 from tests.procs import ROOT
+from tests.realcluster import audit
 from tests.realcluster.cluster import wait_until
 from tests.realcluster.stack import (
     CONTROL_PLANE_LABEL,
@@ -72,11 +72,28 @@ PLACEMENT = {
 }
 
 
+def fenced_blocks() -> list[tuple[str, str]]:
+    """docs/install.md's fenced blocks: (language, text), in order."""
+    blocks: list[tuple[str, str]] = []
+    language: str | None = None
+    lines: list[str] = []
+    for line in INSTALL_DOC.read_text().splitlines():
+        if line.startswith("```"):
+            if language is None:
+                language, lines = line[3:].strip(), []
+            else:
+                blocks.append((language, "\n".join(lines) + "\n"))
+                language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
 def documented(first_words: str, **placeholders: str) -> list[str]:
     """The first command of docs/install.md's `sh` blocks that starts with `first_words`, as a user types it (its
     continuation lines joined), split into arguments, with its placeholders (NAME) filled in."""
-    for block in re.findall(r"```sh\n(.*?)```", INSTALL_DOC.read_text(), flags=re.S):
-        for command in block.replace("\\\n", " ").splitlines():
+    for language, block in fenced_blocks():
+        for command in block.replace("\\\n", " ").splitlines() if language == "sh" else []:
             command = command.split("  #", 1)[0].strip()
             if command.startswith(first_words):
                 return [placeholders.get(arg, arg) for arg in shlex.split(command)]
@@ -85,9 +102,9 @@ def documented(first_words: str, **placeholders: str) -> list[str]:
 
 def documented_refusal() -> tuple[list[str], str]:
     """docs/install.md's example of a bad value: the command (after `$ `) and what helm answers."""
-    for block in re.findall(r"```\n(.*?)```", INSTALL_DOC.read_text(), flags=re.S):
+    for language, block in fenced_blocks():
         first, _, answer = block.partition("\n")
-        if first.startswith("$ helm install"):
+        if not language and first.startswith("$ helm install"):
             return shlex.split(first.removeprefix("$ ")), answer
     raise AssertionError("docs/install.md shows no `$ helm install` refused")
 
@@ -103,10 +120,12 @@ class HelmStack(Stack):
     images: tuple[str, str] = ("ghcr.io/homecluster/homelab-autoscaler:0.2.0a0",
                                "ghcr.io/homecluster/homelab-autoscaler:0.2.0a0-next")  # fmt: skip
     values: Path = field(init=False)
+    chart: Path = CHART  # the chart the documented commands name (./charts/homelab-autoscaler): this release's
     log: list[str] = field(default_factory=list)
     refusal: str = ""  # the docs' answer to a bad value
     refused: subprocess.CompletedProcess[str] | None = None  # helm's
-    crds_before_install: list[str] = field(default_factory=list)
+    stored_when_refused: str = ""  # the CRDs, ClusterRoles and namespaces after the refusal
+    released_when_refused: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,15 +141,19 @@ class HelmStack(Stack):
 
     def run(self, argv: list[str], *, check: bool = True, timeout: float = 420) -> subprocess.CompletedProcess[str]:
         """A documented command: `helm` and `kubectl` are the built ones, the checkout is the working directory,
-        `my-values.yaml` is the harness's values file."""
+        `my-values.yaml` is the harness's values file, ./charts/homelab-autoscaler the release's chart."""
         tool = {"helm": self.cluster.bins / "helm", "kubectl": self.cluster.bins / "kubectl"}[argv[0]]
-        args = [str(tool), *(str(self.values) if a == "my-values.yaml" else a for a in argv[1:])]
+        here = "./charts/homelab-autoscaler"
+        args = [str(tool)] + [
+            str(self.values) if a == "my-values.yaml" else a.replace(here, str(self.chart), 1) for a in argv[1:]
+        ]
         home = self.dir / "helm-home"
         env = {**os.environ, "KUBECONFIG": str(self.cluster.admin_kubeconfig), "HOME": str(home),
                "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
                "HELM_DATA_HOME": str(home / "data")}  # fmt: skip
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
-        self.log.append(f"$ {shlex.join(argv)}  -> exit {done.returncode}")
+        chart = f" (the chart: {self.chart.relative_to(self.dir)})" if self.chart != CHART else ""
+        self.log.append(f"$ {shlex.join(argv)}  -> exit {done.returncode}{chart}")
         if check and done.returncode != 0:
             raise AssertionError(f"`{shlex.join(argv)}` failed ({done.returncode}):\n{done.stderr}{done.stdout}")
         return done
@@ -147,8 +170,8 @@ class HelmStack(Stack):
         # The docs' bad value first: refused before anything is stored (no release, no CRD).
         command, self.refusal = documented_refusal()
         self.refused = self.run(command, check=False)
-        api: Any = k8s.ApiextensionsV1Api(self.cluster.admin)
-        self.crds_before_install = [c.metadata.name for c in api.list_custom_resource_definition().items]
+        self.stored_when_refused = self.run(["kubectl", "get", "crd,clusterrole,namespace", "-o", "name"]).stdout
+        self.released_when_refused = self.run(["helm", "list", "-A", "-q"]).stdout
         self.run([*documented("helm install homelab-autoscaler ./charts/homelab-autoscaler"), "-f", "my-values.yaml"])
         wait_until(f"the serviceaccount controller to create {NS}/default",
                    lambda: k8s.CoreV1Api(self.cluster.admin).read_namespaced_service_account("default", NS),
@@ -188,9 +211,13 @@ class HelmStack(Stack):
                 return None
             raise
 
-    def jobs(self) -> list[str]:
-        batch: Any = k8s.BatchV1Api(self.cluster.admin)
-        return sorted(str(j.metadata.name) for j in batch.list_namespaced_job(NS).items)
+    def jobs_created(self) -> list[str]:
+        """The power Jobs the operator created so far, from the audit log (a finished Job's TTL deletes it)."""
+        return [
+            str((e.response or {}).get("metadata", {}).get("name") or e.name)
+            for e in audit.read(self.cluster.audit_log)
+            if e.user == audit.OPERATOR and e.verb == "create" and e.resource == "jobs" and e.code == 201
+        ]
 
     def pod_images(self, selector: str) -> set[str]:
         """The images of the Pods `selector` finds, but those on their way out."""
@@ -223,9 +250,15 @@ def stack(request: pytest.FixtureRequest) -> Iterator[HelmStack]:
 
 def test_1_helm_install_stores_the_chart_and_waits_for_it_ready(stack: HelmStack) -> None:
     s = stack
-    assert s.refused is not None and s.refused.returncode == 1
-    assert s.refused.stderr == s.refusal, "helm refused the docs' bad value otherwise than the docs say"
-    assert s.crds_before_install == [], "the refused install stored its CRDs"
+    assert s.refused is not None and s.refused.returncode == 1, s.refused
+    assert s.refused.stderr.rstrip() == s.refusal.rstrip(), "helm refused the docs' bad value otherwise"
+    # Refused before any object of the chart: Helm installs crds/ first (docs/install.md says so), nothing more.
+    stored = s.stored_when_refused.split()
+    assert sorted(n for n in stored if n.startswith("customresourcedefinition")) == sorted(
+        f"customresourcedefinition.apiextensions.k8s.io/{n}" for n in CRDS
+    )
+    assert "clusterrole.rbac.authorization.k8s.io/homelab-autoscaler" not in stored
+    assert f"namespace/{NS}" not in stored and s.released_when_refused.strip() == ""
     status = s.run(["helm", "status", RELEASE, "-n", NS, "-o", "json"])
     assert yaml.safe_load(status.stdout)["info"]["status"] == "deployed"
     for name in CRDS:
@@ -249,13 +282,13 @@ def test_2_one_boot_through_what_the_chart_installed(stack: HelmStack) -> None:
     wait_until(f"claim {CLAIM} ready", lambda: phase(s.claim(CLAIM) or {}) == "ready", within=180,
                procs=s.procs)  # fmt: skip
     assert s.node_ready("machine-1")
-    (job,) = s.jobs()
+    (job,) = s.jobs_created()
     assert job.startswith(CLAIM), job
 
 
 def _next_release(s: HelmStack) -> Path:
     """The chart as the next release ships it: here, one CRD changed (a printer column more), the rest as is."""
-    chart = s.dir / "next-chart" / "charts" / "homelab-autoscaler"
+    chart = s.dir / "next" / "charts" / "homelab-autoscaler"
     shutil.copytree(CHART, chart)
     path = chart / "crds" / f"{names.PLURAL_GROUPS}.yaml"
     (crd,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
@@ -263,7 +296,7 @@ def _next_release(s: HelmStack) -> Path:
         {"name": "MaxSize", "type": "integer", "jsonPath": ".spec.maxSize", "description": "The next release's column"}
     )
     path.write_text(yaml.safe_dump(crd, sort_keys=False))
-    return chart.parent.parent
+    return chart
 
 
 def _columns(s: HelmStack) -> list[str]:
@@ -273,13 +306,11 @@ def _columns(s: HelmStack) -> list[str]:
 
 def test_3_helm_never_upgrades_the_crds_and_the_documented_apply_does(stack: HelmStack) -> None:
     s = stack
-    root = _next_release(s)
+    s.chart = _next_release(s)
     before = _columns(s)
-    upgrade = documented("helm upgrade homelab-autoscaler ./charts/homelab-autoscaler")
-    s.run([a.replace("./charts/", f"{root}/charts/") for a in upgrade])
+    s.run(documented("helm upgrade homelab-autoscaler ./charts/homelab-autoscaler"))
     assert _columns(s) == before, "helm upgrade changed a CRD from crds/"
     apply = documented("kubectl apply --server-side --force-conflicts -f ./charts/homelab-autoscaler/crds/")
-    apply = [a.replace("./charts/", f"{root}/charts/") for a in apply]
     without = s.run([a for a in apply if a != "--force-conflicts"], check=False)
     assert without.returncode != 0 and "conflict" in without.stderr.lower(), without.stderr
     assert _columns(s) == before
@@ -310,7 +341,7 @@ def test_4_helm_upgrade_to_the_next_image(stack: HelmStack) -> None:
 def test_5_helm_uninstall_leaves_the_crds_the_claims_and_the_machines(stack: HelmStack) -> None:
     s = stack
     s.stop_operator()  # its Pods end with the release
-    jobs = s.jobs()
+    jobs = s.jobs_created()
     s.run(documented("helm uninstall homelab-autoscaler"))
     for kind, name in RELEASED:
         wait_until(f"{kind}/{name} to be deleted", functools.partial(s.gone, kind, name), within=60)
@@ -322,14 +353,22 @@ def test_5_helm_uninstall_leaves_the_crds_the_claims_and_the_machines(stack: Hel
     assert s.exists("groups.infra.homecluster.dev", "workers") and s.exists("nodes.infra.homecluster.dev", "machine-1")
     assert s.exists("namespace", NS) and s.exists("persistentvolumeclaim", "data-temporal-0")
     assert s.node_ready("machine-1"), "uninstalling powered a machine off"
-    assert s.jobs() == jobs, "uninstalling started a power Job"
+    assert s.jobs_created() == jobs, "uninstalling started a power Job"
     assert s.run(["helm", "list", "-n", NS, "-q"]).stdout.strip() == ""
 
 
 def test_6_installed_again_over_what_stayed_the_operator_boots_and_leaves_its_claim_be(stack: HelmStack) -> None:
     s = stack
-    jobs = s.jobs()
-    s.run([*documented("helm install homelab-autoscaler ./charts/homelab-autoscaler"), "-f", "my-values.yaml"])
+    jobs = s.jobs_created()
+    install = [*documented("helm install homelab-autoscaler ./charts/homelab-autoscaler"), "-f", "my-values.yaml"]
+    # Helm 4's install applies crds/ even over CRDs that exist: the older chart's would undo the newer CRDs that
+    # kubectl applied, and that stops on kubectl's fields, before anything of the release is stored.
+    next_chart, s.chart = s.chart, CHART
+    older = s.run(install, check=False)
+    assert older.returncode == 1 and 'conflict with "kubectl"' in older.stderr, older.stderr
+    assert s.run(["helm", "list", "-n", NS, "-q"]).stdout.strip() == "" and _columns(s)[-1] == "MaxSize"
+    s.chart = next_chart
+    s.run(install)
     pvc = s.volume_claim("data-temporal-0")
     assert pvc.spec.volume_name == "temporal-data", "Temporal's StatefulSet found its kept volume claim"
     s.start_operator()  # a new token: the ServiceAccount is a new object
@@ -338,7 +377,7 @@ def test_6_installed_again_over_what_stayed_the_operator_boots_and_leaves_its_cl
                procs=s.procs)  # fmt: skip
     claim = s.claim(CLAIM)
     assert claim is not None and phase(claim) == "ready" and s.node_ready("machine-1")
-    new = sorted(set(s.jobs()) - set(jobs))
+    new = s.jobs_created()[len(jobs) :]
     assert len(new) == 1 and new[0].startswith(SECOND), f"one boot, machine-2's: {new}"
 
 
