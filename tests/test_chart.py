@@ -59,9 +59,12 @@ def tools() -> None:
     pytest.skip(TOOLS_PROBLEM)
 
 
+HELM_HOME = tempfile.TemporaryDirectory(prefix="homelab-chart-helm-")  # removed when the run ends
+
+
 def _run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
     """A helm or kubectl command, with helm's own directories kept out of the user's home."""
-    home = Path(tempfile.gettempdir()) / "homelab-autoscaler-chart-test-helm"
+    home = Path(HELM_HOME.name)
     env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
            "HELM_DATA_HOME": str(home / "data"), "KUBECONFIG": os.devnull}  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False)
@@ -389,3 +392,17 @@ def test_the_chart_is_the_projects_version() -> None:
     assert meta["appVersion"] == project, "appVersion is the image's tag: the project's version as written"
     assert meta["version"] == _semver(project), f"Chart.yaml `version: {_semver(project)}` (SemVer of {project})"
     assert _semver("1.2.3") == "1.2.3" and _semver("1.0.0rc2") == "1.0.0-rc.2"
+
+
+def test_every_kustomization_names_the_image_of_this_version() -> None:
+    """The chart's default image is `appVersion`; deploy/'s are the `newTag`s, which a release bumps with it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    released = yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"]
+    tags = {
+        str(path.relative_to(ROOT)): entry.get("newTag")
+        for path in sorted((ROOT / "deploy").rglob("kustomization.yaml"))
+        for entry in (yaml.safe_load(path.read_text()) or {}).get("images", [])
+        if entry.get("newName") == released
+    }
+    assert len(tags) >= 4, tags
+    assert set(tags.values()) == {project}, tags
