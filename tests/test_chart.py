@@ -193,6 +193,12 @@ def test_split_with_mtls_and_the_webhook_renders_what_the_components_render(tmp_
     assert not found, "\n".join(found)
 
 
+@pytest.mark.usefixtures("tools")
+def test_helm_lint_finds_nothing_to_warn_of() -> None:
+    done = _run([str(_tool("helm")), "lint", "--strict", str(CHART)], check=False)
+    assert done.returncode == 0 and "[WARNING]" not in done.stdout, done.stdout + done.stderr
+
+
 # --- values users change ------------------------------------------------------------------------------------
 def _workloads(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     yield from (d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))

@@ -15,7 +15,7 @@ app.kubernetes.io/part-of: homelab-autoscaler
 {{- end }}
 {{- end }}
 
-{{/* metadata of a namespaced object: name, namespace, labels (extra labels in .labels). */}}
+{{/* An object's metadata: .objectName, the release's namespace unless .clusterScoped, its labels and .labels. */}}
 {{- define "homelab-autoscaler.metadata" -}}
 metadata:
   name: {{ .objectName }}
