@@ -93,7 +93,7 @@ e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 
 # The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~10 min cold, seconds when cached
 # in ~/.cache/homelab-autoscaler/cluster-bins/<versions>): kube-apiserver, controller-manager, scheduler, kubectl,
-# etcd and KWOK; and cluster-autoscaler, from the module proxy or else from the source tarball
+# etcd, KWOK and helm; and cluster-autoscaler, from the module proxy or else from the source tarball
 # HOMELAB_CLUSTER_AUTOSCALER_SOURCE names (.ci/run finds it in ../shared). tests/realcluster/versions.env holds the
 # versions and the tarball's sha256.
 cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-autoscaler
@@ -102,7 +102,10 @@ cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-
 # The story on that control plane, driven by cluster-autoscaler with deploy/cluster-autoscaler's flags (the real one
 # when one can be had, else the project's stand-in: the run's first line says which; HOMELAB_E2E_DRIVER=ca, as CI
 # sets it, fails a run without the real one), with the RBAC audit and the emulator-versus-real diff.
+# First the Helm chart against deploy/ (tests/test_chart.py): `make test` skips it until helm is built, here a
+# missing binary fails it.
 e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~6 min)
+	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo

@@ -446,7 +446,7 @@ def _render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
 
 def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name() -> None:
     documented = yaml.safe_load(_install_block("yaml", "# kustomization.yaml of your overlay"))["images"][0]["name"]
-    for path in ("base", "overlays/homelab", "overlays/split"):
+    for path in ("base", "overlays/homelab", "overlays/split", "components/split"):
         kustomization = yaml.safe_load((DEPLOY / path / "kustomization.yaml").read_text())
         (entry,) = kustomization["images"]
         assert entry["name"] == "homelab-autoscaler", f"deploy/{path}: the manifests' placeholder"
@@ -738,3 +738,23 @@ def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_pat
     others = [d for d in objects_of("Deployment", docs) if d is not dep and d["metadata"]["name"].startswith("homelab")]
     envs = [_env_of(d["spec"]["template"]["spec"]["containers"][0]) for d in others]
     assert envs and not any("HOMELAB_AUTOSCALER_WEBHOOK_ADDRESS" in env for env in envs)
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("overlay", "components"),
+    [("overlays/temporal-cluster", ["split"]), ("overlays/homelab", ["split", "cert-manager", "admission"])],
+)
+def test_components_added_to_an_overlay_run_the_released_image(
+    tmp_path: Path, overlay: str, components: list[str]
+) -> None:
+    """docs/install.md adds components to an overlay of one's own: the Deployments a component brings come after
+    that overlay named the image, and still run the released one, never the manifests' placeholder."""
+    deploy = _deploy_dir()
+    kustomization = yaml.safe_dump({
+        "resources": [os.path.relpath(deploy / overlay, tmp_path)],
+        "components": [os.path.relpath(deploy / "components" / c, tmp_path) for c in components],
+    })  # fmt: skip
+    (released,) = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]
+    images = {c["image"] for _, c in containers(_render_overlay(tmp_path, kustomization))}
+    assert images == {f"{released['newName']}:{released['newTag']}"}
