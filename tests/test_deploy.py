@@ -396,8 +396,10 @@ def test_every_environment_variable_is_a_setting_of_the_role_it_configures() -> 
     assert not unknown, "not a setting of the container's command:\n" + "\n".join(sorted(unknown))
 
 
+@functools.cache
 def _help(role: str) -> str | None:
-    """`homelab-autoscaler <role> --help`, or None while the role is a placeholder that is not built yet."""
+    """`homelab-autoscaler <role> --help`, or None while the role is a placeholder that is not built yet. Asked
+    once per role: the overlays name the same roles again and again, and each asking was a process start."""
     from homelab_autoscaler import cli
 
     if role in getattr(cli, "MISSING", {}):
