@@ -45,14 +45,15 @@ typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
 # The suite in two parts: the independent tests spread over TEST_WORKERS pytest-xdist workers (most of them wait on
-# servers and processes, so more workers than cores), then the tests marked `serial` in one process (they read
-# what the whole run did, or time themselves). Each part prints its ten slowest tests; both always run, and a
-# failure in either fails the target.
+# servers and processes, so more workers than cores), each handed one test at a time, the `long` ones first
+# (tests/conftest.py); then the tests marked `serial` in one process (they read what the whole run did, or are
+# timed against a deadline). Each part prints its ten slowest tests; both always run, and a failure in either
+# fails the target.
 TEST_WORKERS ?= 4
 unit: $(STAMP) ## the whole pytest suite: in parallel, then the serial tests (~4 min on 2 cores)
 	@usage=$$(mktemp -d) && trap 'rm -rf "$$usage"' EXIT && export HOMELAB_RBAC_USAGE="$$usage" && \
 	echo "$(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial' --durations=10" && \
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m 'not serial' --durations=10; parallel=$$?; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m 'not serial' --durations=10; parallel=$$?; \
 	echo "$(BIN)/pytest -m serial --durations=10" && \
 	$(BIN)/pytest -p no:xdist -m serial --durations=10; serial=$$?; \
 	test $$parallel -eq 0 && test $$serial -eq 0

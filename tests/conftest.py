@@ -165,7 +165,17 @@ def _report_strict(test: str, servers: list[EmulatorServer]) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `rbac_session` read `RBAC_USAGE`, so they run after every other test."""
+    """Tests marked `rbac_session` read `RBAC_USAGE`, so they run after every other test. Under pytest-xdist the
+    tests marked `long` come first, each followed by a short one: `make unit` hands a worker two tests to begin
+    with and one more as each ends (`--dist load --maxschedchunk 1`), so the long ones start at once, one per
+    worker, and the short ones fill the time around them; at the end of the queue, one would be the run's tail."""
+    if getattr(config.option, "numprocesses", None):
+        long = [item for item in items if item.get_closest_marker("long")]
+        short = [item for item in items if not item.get_closest_marker("long")]
+        ordered: list[pytest.Item] = []
+        for i, item in enumerate(long):
+            ordered += [item, *short[i : i + 1]]
+        items[:] = ordered + short[len(long) :]
     last = [item for item in items if item.get_closest_marker("rbac_session")]
     if last:
         items[:] = [item for item in items if item not in last] + last

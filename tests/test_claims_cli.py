@@ -183,6 +183,7 @@ def claims(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([cli, "claims", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.long
 def test_claims_commands_bind_no_port_and_say_an_unknown_claim_in_one_line(tmp_path: Path) -> None:
     assert not _frontend_answers(f"127.0.0.1:{free_port()}")
     server = DevServer(port=free_port(), ui_port=free_port(), headless=True, db_file=tmp_path / "temporal.db")

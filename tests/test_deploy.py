@@ -412,6 +412,7 @@ def _help(role: str) -> str | None:
 
 
 @needs_kubectl
+@pytest.mark.long
 def test_every_subcommand_and_flag_exists() -> None:
     not_built: set[str] = set()
     for path, workload, c in _operator_containers():

@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.procs import BIN, ROOT, free_port, port_open, wait_for
 
 CLI = str(BIN / "homelab-autoscaler")
@@ -34,6 +36,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.long
 def test_dev_simulate_end_to_end(tmp_path: Path) -> None:
     temporal, ui, kube, provider, health, metrics = (free_port() for _ in range(6))
     args = [

@@ -53,6 +53,7 @@ async def each(found: list[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
         yield history
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("part", range(PARTS), ids=lambda i: f"part-{i + 1}-of-{PARTS}")
 async def test_every_recorded_history_replays(part: int) -> None:
     files = history_files()[part::PARTS]
