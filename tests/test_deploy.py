@@ -10,6 +10,7 @@ against the few fields these manifests rely on.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -100,9 +101,15 @@ def _render_text(path: str) -> str:
     return result.stdout
 
 
+@functools.cache
+def _rendered(path: str) -> list[dict[str, Any]]:
+    """Parsed once: PyYAML's pure-Python parse of the rendered CRDs was most of this module's CPU time."""
+    return [doc for doc in yaml.safe_load_all(_render_text(path)) if doc]
+
+
 def render(path: str) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize deploy/<path>` produces (a fresh copy each call)."""
-    return [doc for doc in yaml.safe_load_all(_render_text(path)) if doc]
+    return copy.deepcopy(_rendered(path))
 
 
 def objects_of(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
