@@ -232,13 +232,12 @@ def listening() -> Iterator[socket.socket]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def saying_one_line(tmp_path_factory: pytest.TempPathFactory) -> float:
+def saying_one_line(state: Path) -> float:
     """Real seconds `dev` takes here and now to start and refuse a bad setting (before any port is looked at): what
     a refusal costs on this machine before it waits for anything. Beside pytest-xdist's workers on a busy 2-core
     box the bare start took half a minute, and a fixed bound on the busy-port refusal failed for it."""
     started = time.monotonic()
-    res = dev(["--time-scale", "-2"], tmp_path_factory.mktemp("state"))
+    res = dev(["--time-scale", "-2"], state)
     assert res.returncode == 2 and "time_scale" in res.stderr, res.stderr
     return time.monotonic() - started
 
@@ -264,7 +263,7 @@ BUSY = [
 
 @pytest.mark.parametrize(("flag", "value", "what"), BUSY, ids=[b[0] for b in BUSY])
 def test_dev_stops_on_a_busy_port_before_touching_anything(
-    flag: str, value: str, what: str, listening: socket.socket, state: Path, saying_one_line: float
+    flag: str, value: str, what: str, listening: socket.socket, state: Path
 ) -> None:
     port = listening.getsockname()[1]
     started = time.monotonic()
@@ -275,7 +274,9 @@ def test_dev_stops_on_a_busy_port_before_touching_anything(
     assert f"127.0.0.1:{port}" in err and what in err and f"move it with {flag}" in err, err
     assert not res.stdout, "nothing started"
     assert (state / "homelab-autoscaler" / "temporal-simulated.db").read_bytes() == b"the first run's claims"
-    assert time.monotonic() - started < saying_one_line + 30, "it waited for something before refusing"
+    took = time.monotonic() - started
+    # Within 30 s of what a bare refusal takes here and now, measured only when it took longer than 30 s.
+    assert took < 30 or took < saying_one_line(state) + 30, f"it waited for something before refusing ({took:.0f} s)"
 
 
 def test_dev_refuses_two_roles_on_one_port(state: Path) -> None:
