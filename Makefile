@@ -50,7 +50,7 @@ typecheck: $(STAMP) ## mypy
 # timed against a deadline). Each part prints its ten slowest tests; both always run, and a failure in either
 # fails the target.
 TEST_WORKERS ?= 4
-unit: $(STAMP) ## the whole pytest suite: in parallel, then the serial tests (~4 min on 2 cores)
+unit: $(STAMP) ## the whole pytest suite: in parallel, then the serial tests (~7 min of CPU time on 2 cores)
 	@usage=$$(mktemp -d) && trap 'rm -rf "$$usage"' EXIT && export HOMELAB_RBAC_USAGE="$$usage" && \
 	echo "$(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial' --durations=10" && \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m 'not serial' --durations=10; parallel=$$?; \
