@@ -28,9 +28,13 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 
 # Temporal's sandbox imports workflow modules afresh for every workflow it starts: with bytecode on disk that is
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
-# environment says; Python recompiles in memory any file edited since.
+# environment says; Python recompiles in memory any file edited since. The tests too: every pytest-xdist worker
+# imports them all, and pytest's assertion rewriting of the test modules (its own bytecode, which it only reads
+# under PYTHONDONTWRITEBYTECODE) was half of each worker's start.
 bytecode:
-	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider admission homelab_autoscaler proto sim/homelab_sim bench
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider admission homelab_autoscaler proto sim/homelab_sim bench tests
+	@test ! -x $(BIN)/pytest || env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -q -p no:cacheprovider --collect-only >/dev/null \
+		|| echo "make bytecode: pytest could not collect the tests; their bytecode is left to the first run"
 
 lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the layers)
 	$(BIN)/ruff check .
@@ -40,8 +44,19 @@ lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the 
 typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
-unit: $(STAMP) ## the whole pytest suite (~5 min on 2 cores)
-	$(BIN)/pytest
+# The suite in two parts: the independent tests spread over TEST_WORKERS pytest-xdist workers (most of them wait on
+# servers and processes, so more workers than cores), each handed one test at a time, the `long` ones first
+# (tests/conftest.py); then the tests marked `serial` in one process (they read what the whole run did, or are
+# timed against a deadline). Each part prints its ten slowest tests; both always run, and a failure in either
+# fails the target.
+TEST_WORKERS ?= 4
+unit: $(STAMP) ## the whole pytest suite: in parallel, then the serial tests (~7 min of CPU time on 2 cores)
+	@usage=$$(mktemp -d) && trap 'rm -rf "$$usage"' EXIT && export HOMELAB_RBAC_USAGE="$$usage" && \
+	echo "$(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial' --durations=10" && \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m 'not serial' --durations=10; parallel=$$?; \
+	echo "$(BIN)/pytest -m serial --durations=10" && \
+	$(BIN)/pytest -p no:xdist -m serial --durations=10; serial=$$?; \
+	test $$parallel -eq 0 && test $$serial -eq 0
 
 test: lint typecheck unit ## what CI runs: lint, typecheck, every test
 

@@ -10,6 +10,7 @@ against the few fields these manifests rely on.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -100,9 +101,15 @@ def _render_text(path: str) -> str:
     return result.stdout
 
 
+@functools.cache
+def _rendered(path: str) -> list[dict[str, Any]]:
+    """Parsed once: PyYAML's pure-Python parse of the rendered CRDs was most of this module's CPU time."""
+    return [doc for doc in yaml.safe_load_all(_render_text(path)) if doc]
+
+
 def render(path: str) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize deploy/<path>` produces (a fresh copy each call)."""
-    return [doc for doc in yaml.safe_load_all(_render_text(path)) if doc]
+    return copy.deepcopy(_rendered(path))
 
 
 def objects_of(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -396,8 +403,10 @@ def test_every_environment_variable_is_a_setting_of_the_role_it_configures() -> 
     assert not unknown, "not a setting of the container's command:\n" + "\n".join(sorted(unknown))
 
 
+@functools.cache
 def _help(role: str) -> str | None:
-    """`homelab-autoscaler <role> --help`, or None while the role is a placeholder that is not built yet."""
+    """`homelab-autoscaler <role> --help`, or None while the role is a placeholder that is not built yet. Asked
+    once per role: the overlays name the same roles again and again, and each asking was a process start."""
     from homelab_autoscaler import cli
 
     if role in getattr(cli, "MISSING", {}):
@@ -410,6 +419,7 @@ def _help(role: str) -> str | None:
 
 
 @needs_kubectl
+@pytest.mark.long
 def test_every_subcommand_and_flag_exists() -> None:
     not_built: set[str] = set()
     for path, workload, c in _operator_containers():
