@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -288,6 +289,7 @@ async def test_a_claim_whose_slot_arrives_within_its_grace_is_taken_by_its_group
             watchers.close()
 
 
+@pytest.mark.long
 async def test_a_claim_whose_workflow_alone_was_terminated_is_taken_over_at_its_groups_next_signal() -> None:
     """A claim's workflow terminated in the Web UI while its group's run goes on: the group used to hold the claim
     live for good (its signals dropped, a DeleteNodes never heard). The next signal it sends finds no run, and its

@@ -8,7 +8,9 @@ one's, and no older (docs/upgrades.md); a history of an older release is deleted
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,15 +29,26 @@ HISTORIES = Path(__file__).parent / "histories"
 NAME = re.compile(r"r(?P<release>[^-]+)-(?P<story>[a-z0-9_]+)-\d\d")
 
 
-def histories(prefix: str = "") -> list[WorkflowHistory]:
-    files = sorted(HISTORIES.glob(f"{prefix}*.json"))
+# The corpus replays in this many parts, each a test of its own, so that pytest-xdist's workers share it (the whole
+# corpus in one test was minutes on one core). Part i holds every PARTS-th file from the i-th on.
+PARTS = 8
+
+
+def history_files(prefix: str = "") -> list[Path]:
+    return sorted(HISTORIES.glob(f"{prefix}*.json"))
+
+
+def histories(files: list[Path]) -> list[WorkflowHistory]:
+    """The recorded histories of `files`, parsed: the protobuf JSON parse is slow, so only those."""
     return [WorkflowHistory.from_json(f.stem, f.read_text()) for f in files]
 
 
 def test_histories_are_recorded() -> None:
-    found = histories(releases.history_tag())
+    found = history_files(releases.history_tag())
     assert len(found) >= 20, "record them with `make histories`"
-    types = {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in found}
+    # The first event's workflow type, read as plain JSON (parsing the corpus as protobuf took 20 s).
+    started = [json.loads(f.read_text())["events"][0] for f in found]
+    types = {e["workflowExecutionStartedEventAttributes"]["workflowType"]["name"] for e in started}
     assert types == {"GroupWorkflow", "NodeClaimWorkflow", "ReleaseWorkflow"}
 
 
@@ -67,13 +80,24 @@ def test_the_corpus_rule_can_fail() -> None:
     ]
 
 
-# Two releases' corpora of ~90 histories each: some 30 s of CPU, past the suite's 120 s default on a loaded 2-core box.
-@pytest.mark.timeout(600)
-async def test_every_recorded_history_replays() -> None:
+async def each(found: list[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
+    for history in found:
+        yield history
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("part", range(PARTS), ids=lambda i: f"part-{i + 1}-of-{PARTS}")
+async def test_every_recorded_history_replays(part: int) -> None:
+    files = history_files()[part::PARTS]
+    assert files, f"part {part + 1} of {PARTS} holds no history"
+    found = histories(files)
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=sandbox_runner())
-    for history in histories():
-        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-        assert result.replay_failure is None, f"{history.workflow_id}: {result.replay_failure}"
+    # One replay worker for the part (a worker per history cost a second of real time each on a busy machine).
+    results = await replayer.replay_workflows(each(found), raise_on_replay_failure=False)
+    by_run = {h.run_id: h.workflow_id for h in found}
+    assert len(by_run) == len(found), "two recorded histories of one run"
+    failures = {f"{by_run.get(run, run)} (run {run})": err for run, err in results.replay_failures.items()}
+    assert not failures, "\n".join(f"{where}: {err}" for where, err in failures.items())
 
 
 async def test_a_changed_transition_without_a_patch_fails_replay(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,7 +110,7 @@ async def test_a_changed_transition_without_a_patch_fails_replay(monkeypatch: py
 
     monkeypatch.setattr(claim_module, "launch", launch_after_a_wait)
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=UnsandboxedWorkflowRunner())
-    booted = [h for h in histories(f"{releases.history_tag()}-boot_ends_ready") if _is_claim(h)]
+    booted = [h for h in histories(history_files(f"{releases.history_tag()}-boot_ends_ready")) if _is_claim(h)]
     assert booted
     result = await replayer.replay_workflow(booted[0], raise_on_replay_failure=False)
     assert isinstance(result.replay_failure, workflow.NondeterminismError), result.replay_failure

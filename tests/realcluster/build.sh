@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK) from the Go
-# module proxy into a cache directory keyed by tests/realcluster/versions.env, and cluster-autoscaler into one keyed by
+# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK) and helm
+# from the Go module proxy into a cache directory keyed by tests/realcluster/versions.env, and cluster-autoscaler into one keyed by
 # its own version: from the module proxy when it serves it, else from the source tarball HOMELAB_CLUSTER_AUTOSCALER_SOURCE
 # names (checked against versions.env's sha256). Idempotent, and safe to run twice at once (one flock per cache key).
 # Prints the directory last.
@@ -107,6 +107,21 @@ build_kwok() {
   cp -r "$src/kustomize/stage" "$dir/kwok-stages"
   chmod -R u+w "$dir/kwok-stages"
   mv -f "$m/kwok" "$dir/bin/kwok"
+}
+
+# helm, for the chart in charts/: tests/test_chart.py renders it against deploy/, tests/realcluster/test_helm_real.py
+# installs, upgrades and uninstalls it. The module path carries the major version (helm.sh/helm/v4). A stamp names
+# the version built, so a new HELM_VERSION rebuilds helm alone, not the control plane beside it.
+build_helm() {
+  local m="$work/helm" module="helm.sh/helm/${HELM_VERSION%%.*}"
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/helm-bins\n\ngo 1.26.0\n\nrequire %s %s\n' "$module" "$HELM_VERSION" >"$m/go.mod"
+  (cd "$m" && go mod download "$module" &&
+    go build -trimpath -ldflags "-s -w -X $module/internal/version.version=$HELM_VERSION \
+      -X $module/internal/version.gitTreeState=clean" -o "$m/helm" "$module/cmd/helm")
+  rm -f "$dir"/helm-*.built
+  mv -f "$m/helm" "$dir/bin/helm"
+  touch "$dir/helm-$HELM_VERSION.built"
 }
 
 # KWOK's Logs CRD, beside its Stages: with `--enable-crds=Logs` a KWOK kubelet serves `kubectl logs` of a Pod from the
@@ -271,6 +286,7 @@ run "kubernetes $KUBERNETES_VERSION" "bin/kube-apiserver bin/kube-controller-man
 run "etcd $ETCD_VERSION" bin/etcd build_etcd
 run "kwok $KWOK_VERSION" "bin/kwok kwok-stages" build_kwok
 run "kwok's Logs CRD" kwok-crds/kwok.x-k8s.io_logs.yaml copy_kwok_crds
+run "helm $HELM_VERSION" "bin/helm helm-$HELM_VERSION.built" build_helm
 cluster_autoscaler
 {
   for line in "${summary[@]}"; do echo "build.sh: $line"; done
