@@ -29,7 +29,7 @@ class Release:
 
 RELEASES: tuple[Release, ...] = (
     # The 0.2 line was never tagged: its last commit before 0.3.0 folded its workflow patches stands for it.
-    Release("0.2.0a0", "", "fccb1259cc77f2c0a026bac0ad2a51d566345324"),
+    Release("0.2.0a0", "", "d16e06029f7738a7524246af4f92bdb10a8e4e2c"),
 )
 
 
