@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.common.v1 import Payload, Payloads, SearchAttributes
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import (
     HistoryEvent,
+    UpsertWorkflowSearchAttributesEventAttributes,
     WorkflowExecutionSignaledEventAttributes,
     WorkflowTaskStartedEventAttributes,
 )
 
+from bench.moves import moves
 from bench.procs import ROOT
 from bench.stages import Stages
 
@@ -30,6 +32,8 @@ ROWS = (
     "P3 NodeGroupTargetSize",
     "P3 NodeGroupNodes",
     "P3 Refresh",
+    "P4 workflow tasks per boot",
+    "P4 workflow tasks per lifecycle",
     "P4 history events",
     "P4 replay of a lifecycle",
     "P4 API writes per claim phase move",
@@ -116,3 +120,29 @@ def test_p1_stages_read_the_watchers_lag_and_the_workers_queue_from_a_history() 
     assert "Ready → claim told p50 2.00 s" in stages.note(), stages.note()
     stages.take(events[:2], node_ready=102.0, job_complete=None)  # never told, no Job on record: nothing added
     assert (len(stages.ready_told), len(stages.job_told)) == (1, 1)
+
+
+def _completed(event_id: int) -> HistoryEvent:
+    return _event(event_id, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED, float(event_id))
+
+
+def _upsert(event_id: int, phase: str | None) -> HistoryEvent:
+    """A search attribute upsert: a claim's move (`phase`), or a patch's TemporalChangeVersion (None)."""
+    fields = {} if phase is None else {"ClaimPhase": Payload(data=json.dumps(phase).encode())}
+    attrs = UpsertWorkflowSearchAttributesEventAttributes(search_attributes=SearchAttributes(indexed_fields=fields))
+    kind = EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    return _event(event_id, kind, float(event_id), upsert_workflow_search_attributes_event_attributes=attrs)
+
+
+def test_tasks_per_move_are_counted_up_to_the_task_that_made_each_move() -> None:
+    """P4's task count: the first task makes pending and booting, the ready move takes two more, the close one."""
+    events = [
+        _completed(1), _upsert(2, None), _upsert(3, "pending"), _upsert(4, "booting"), _upsert(5, "booting"),
+        _completed(6), _completed(7), _upsert(8, "ready"),
+        _completed(9), _upsert(10, "completed"),
+        _completed(11),
+    ]  # fmt: skip
+    counted = moves(events)
+    assert counted.tasks == [("pending", 1), ("booting", 0), ("ready", 2), ("completed", 1)]
+    assert (counted.upto("ready"), counted.upto("failed"), counted.total, counted.after) == (3, 5, 5, 1)
+    assert counted.events == len(events) and "→ready 2" in counted.text()
