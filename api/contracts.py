@@ -341,6 +341,15 @@ class JobRef:
     name: str
 
 
+@dataclass(frozen=True)
+class GroupTell:
+    """A claim's digest for its group's `claim_changed` signal (`Act.TELL_GROUP`)."""
+
+    namespace: str
+    group: str
+    digest: ClaimDigest
+
+
 # What happened to a failed lifecycle Job when no container's terminated state says it (the other reasons are
 # Kubernetes' own: a container's terminated or waiting reason, a Pod's status reason).
 CAUSE_JOB_GONE = "JobGone"
@@ -528,6 +537,7 @@ class Act:
     SLOT_EVENT = "slot_event"
     LOAD_GROUP = "load_group"
     RECORD_SCALE = "record_scale"
+    TELL_GROUP = "tell_group"  # a claim's move to its group: a signal sent by the worker, not a workflow command
 
 
 # --- the Temporal boundary: handler names ------------------------------------------------------------------
