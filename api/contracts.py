@@ -121,6 +121,12 @@ class Observation:
             other.gate_open,
         )
 
+    def same_for_claim(self, other: Observation | None) -> bool:
+        """Equal in what a claim waits on: power and the readiness gate. Whether the node is registered or
+        usable it reads when it needs to (its registration wait polls; usability it reads only at launch, from its
+        seed), so a change of those alone wakes no claim: a signal is a workflow task."""
+        return other is not None and (self.power, self.gate_open) == (other.power, other.gate_open)
+
 
 @dataclass(frozen=True)
 class SlotObservation:

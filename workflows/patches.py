@@ -46,6 +46,7 @@ class Patch(StrEnum):
     TAKEN_OVER_WHOLE = "claim-taken-over-adopted-whole"
     # 0.4.0
     TELL_BY_CALL = "claim-tells-group-by-a-local-call"
+    BOOKED_CLAIM_SEES_NEWEST = "booked-claim-starts-with-the-newest-observation"
 
 
 # The 0.2 line's last commit called itself 0.2.0a0: every patch of that line is dated by it.
@@ -77,4 +78,5 @@ INTRODUCED: dict[Patch, str] = {
     Patch.FAILED_CLOSE_SAYS_WHERE: LINE_0_2,
     Patch.TAKEN_OVER_WHOLE: LINE_0_2,
     Patch.TELL_BY_CALL: "0.4.0",
+    Patch.BOOKED_CLAIM_SEES_NEWEST: "0.4.0",
 }

@@ -22,7 +22,6 @@ previous release ~1-2 min more); `make test` skips it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -48,7 +47,6 @@ from tests import releases
 from tests.chaos import BENIGN_TASK_FAILURES, Proc
 from tests.procs import BIN, free_port, port_open, readyz, wait_for
 from tests.upgrade.previous import previous_operator
-from workflows.patches import Patch
 
 ENABLED = os.environ.get("HOMELAB_UPGRADE", "") not in ("", "0")
 pytestmark = pytest.mark.skipif(not ENABLED, reason="the upgrade from the previous release runs under `make upgrade`")
@@ -259,9 +257,9 @@ async def test_the_previous_release_hands_every_claim_in_flight_to_this_one(
     assert jobs == expected, "one startup Job and one shutdown Job per claim"
     # --- the workflows: the old release started them, the new one replayed them, no task failed -------------------
     histories = await all_histories(s.client)
-    crossed = {h.workflow_id for h in histories if old_marker(h)}
+    crossed_over = {h.workflow_id for h in histories if crossed(h)}
     started_before = {c.claim_workflow_id(NS, name) for slot, name in in_flight.items() if slot != "z-broken"}
-    assert started_before | {c.group_workflow_id(NS, GROUP)} <= crossed, "the previous release started them"
+    assert started_before | {c.group_workflow_id(NS, GROUP)} <= crossed_over, "the previous release started them"
     failed = [f for h in histories for f in failed_tasks(h)]
     assert not failed, f"workflow tasks failed: {failed}"
     assert not tracebacks(s.dir / "operator-new.log"), tracebacks(s.dir / "operator-new.log")
@@ -274,22 +272,16 @@ async def all_histories(client: Client) -> list[WorkflowHistory]:
     return found
 
 
-GENERATION_MARKERS = {Patch.CLAIM_GENERATION_3, Patch.GROUP_GENERATION_3, Patch.RELEASE_GENERATION_3}
-
-
-def old_marker(history: WorkflowHistory) -> bool:
-    """The run was started by the 0.2 line: its generation marker is as `workflow.patched` recorded it (this release
-    records it deprecated)."""
-    for e in history.events:
-        if e.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
-            continue
-        details = e.marker_recorded_event_attributes.details.get("patch-data")
-        if details is None or not details.payloads:
-            continue
-        data = json.loads(details.payloads[0].data)
-        if data.get("id") in GENERATION_MARKERS and not data.get("deprecated"):
-            return True
-    return False
+def crossed(history: WorkflowHistory) -> bool:
+    """The run crossed the upgrade: workflow tasks completed by two worker processes (each names itself pid@host),
+    the previous release's operator, then this one's (never both at once: the old one is stopped first). A marker
+    cannot tell: the previous release records the same deprecated markers as this one."""
+    workers = {
+        e.workflow_task_completed_event_attributes.identity
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    }
+    return len(workers) >= 2
 
 
 def failed_tasks(history: WorkflowHistory) -> list[str]:
