@@ -26,7 +26,9 @@ from bench.stages import Stages
 
 ROWS = (
     "P1 reaction",  # twice: vs signal → handled, vs two trivial activities
-    "P2 burst",
+    "P2 burst, IncreaseSize → all 2 ready (instant machines), one worker",
+    "P2 burst, IncreaseSize → all 2 ready (instant machines), two worker",
+    "P2 burst of 2 with two worker processes vs one",
     "P2 operator memory",
     "P3 NodeGroups after Refresh",
     "P3 NodeGroupTargetSize",
@@ -70,12 +72,19 @@ def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert len(doc["rows"]) == len(ROWS) + 2
     assert all(math.isfinite(r["ratio"]) for r in doc["rows"])
-    assert {"temporal dev server", "operator (p1)", "operator (p2)", "operator (p3)", "operator (p4)"} <= set(
-        doc["peak_rss_mb"]
-    )
+    assert {
+        "temporal dev server",
+        "operator (p1)",
+        "operator (p2)",
+        "worker 2 (p2w2)",
+        "operator (p3)",
+        "operator (p4)",
+    } <= set(doc["peak_rss_mb"])
     assert all(mb > 0 for mb in doc["peak_rss_mb"].values()), doc["peak_rss_mb"]
     (stages,) = [n for n in doc["notes"] if n.startswith("p1 stages:")]
     assert "workflow task scheduled → started p50" in stages, stages
+    (spread,) = [n for n in doc["notes"] if n.startswith("p2w2: workflow tasks by worker process:")]
+    assert spread.count("%") >= 1, spread  # the tasks by worker identity (at 2 slots one may take them all)
 
 
 def _event(event_id: int, kind: EventType.ValueType, at: float, **attrs: Any) -> HistoryEvent:
