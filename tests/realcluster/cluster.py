@@ -164,6 +164,8 @@ class Cluster:
 
     def __init__(self, directory: Path, *, bins: Path | None = None, node_monitor_grace: str = "20s") -> None:
         self.dir = directory
+        # Flags a tier adds to the API server before `start()` (the real node's egress door, its kubelet client).
+        self.apiserver_extra_args: list[str] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bins = bins or require_binaries()
         self.node_monitor_grace = node_monitor_grace
@@ -278,6 +280,7 @@ class Cluster:
             "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
             "--audit-log-mode=blocking", f"--cert-dir={self.dir / 'apiserver-certs'}",
+            *self.apiserver_extra_args,
         ])  # fmt: skip
         admin = pki.Pair(self.pki.dir / "admin.crt", self.pki.dir / "admin.key")
         wait_until("kube-apiserver to answer /readyz", lambda: self._https_ok(self.port, "/readyz", client=admin),

@@ -1,0 +1,169 @@
+"""The product as a user gets it (`make e2e-pods`): images built here and pushed to a registry on the loopback, the
+harness's control plane, a real node (tests/realcluster/node.py) beside the KWOK machines, cluster DNS and a default
+StorageClass on it. What is installed on top is typed as docs/install.md types it (tests/realcluster/test_pods.py).
+
+Each phase's time is kept and printed (`timings`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+
+from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
+from tests.realcluster.images import Builder, Built, Registry
+from tests.realcluster.node import CONTROL_PLANE_LABEL, Doors, RealNode, node_bin_dir, require_node
+
+HERE = Path(__file__).resolve().parent
+ADDONS = HERE / "addons"
+TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+@dataclass
+class Images:
+    """The run's image references, as Pods name them (the run's registry)."""
+
+    registry: str
+    refs: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> str:
+        return self.refs[name]
+
+
+@dataclass
+class PodStack:
+    dir: Path
+    with_operator_image: bool = True
+    timings: dict[str, float] = field(default_factory=dict)
+    builder: Builder = field(init=False)
+    registry: Registry = field(init=False)
+    cluster: Cluster = field(init=False)
+    node: RealNode = field(init=False)
+    images: Images = field(init=False)
+    built: dict[str, Built] = field(default_factory=dict)
+    machine_room_port: int = 0
+
+    def __post_init__(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        require_node()
+        self.builder = Builder(self.dir / "images")
+        self.registry = Registry(self.dir / "registry")
+        self.images = Images(self.registry.address)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = time.monotonic() - began
+            print(f"phase {name}: {self.timings[name]:.0f} s", flush=True)
+
+    # --- images ---------------------------------------------------------------------------------------------------
+    def build_images(self) -> None:
+        """Every image this run needs, from the cache or built now."""
+        nb = node_bin_dir()
+        b = self.builder
+        self.built["pause"] = b.from_binary("pause", nb / "pause", at="/pause", entrypoint=["/pause"])
+        self.built["busybox"] = b.busybox()
+        self.built["coredns"] = b.from_binary("coredns", nb / "coredns", at="/coredns", entrypoint=["/coredns"])
+        self.built["local-path-provisioner"] = b.from_binary(
+            "local-path-provisioner", nb / "local-path-provisioner", at="/usr/bin/local-path-provisioner",
+            entrypoint=[])  # fmt: skip
+        ca, _ = cluster_autoscaler_binary()
+        if ca is not None:
+            # The upstream image's layout: the binary at /cluster-autoscaler, run as ./cluster-autoscaler from /.
+            self.built["cluster-autoscaler"] = b.from_binary("cluster-autoscaler", ca, at="/cluster-autoscaler",
+                                                             entrypoint=[])  # fmt: skip
+        if self.with_operator_image:
+            base = b.python_base()
+            self.built["python-base"] = base
+            self.built["homelab-autoscaler"] = b.operator(base=base)
+
+    def push_images(self) -> None:
+        for name, built in self.built.items():
+            if name == "python-base":
+                continue
+            ref = f"{self.registry.address}/{name}:{built.local.rsplit(':', 1)[1]}"
+            self.builder.push(built, ref)
+            self.images.refs[name] = ref
+
+    # --- start and stop -------------------------------------------------------------------------------------------
+    def start(self) -> PodStack:
+        try:
+            with self.phase("images"):
+                self.build_images()
+            with self.phase("registry and push"):
+                self.registry.start()
+                self.push_images()
+            with self.phase("control plane and real node"):
+                self.cluster = Cluster(self.dir / "cluster", bins=bin_dir())
+                doors = Doors(api_port=self.cluster.port, registry=self.registry.address,
+                              machine_room_port=self.machine_room_port)  # fmt: skip
+                self.node = RealNode(self.dir / "node", doors, sandbox_image=self.images["pause"])
+                self.cluster.apiserver_extra_args += self.node.prepare(self.cluster.pki)
+                self.cluster.start()
+                self.node.start(self.cluster)
+            with self.phase("cluster DNS"):
+                self.install_dns()
+        except BaseException:
+            self.dump()
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.node.stop()
+        with contextlib.suppress(AttributeError):
+            self.cluster.stop()
+        with contextlib.suppress(AttributeError):
+            self.registry.stop()
+
+    def dump(self, lines: int = 60) -> None:
+        with contextlib.suppress(AttributeError):
+            self.cluster.dump(lines)
+        with contextlib.suppress(AttributeError):
+            self.node.dump(lines)
+        with contextlib.suppress(AttributeError):
+            print(f"--- registry\n{self.registry.proc.tail(lines) if self.registry.proc else ''}")
+
+    # --- what the cluster runs besides the product -----------------------------------------------------------------
+    def apply(self, docs: list[dict[str, Any]]) -> None:
+        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                             input=yaml.safe_dump_all(docs))  # fmt: skip
+
+    def install_dns(self) -> None:
+        text = (ADDONS / "coredns.yaml").read_text().replace("image: IMAGE", f"image: {self.images['coredns']}")
+        self.apply([d for d in yaml.safe_load_all(text) if d])
+        self.rollout("kube-system", "deployment/coredns")
+
+    def rollout(self, namespace: str, what: str, timeout: str = "300s") -> None:
+        self.cluster.kubectl("-n", namespace, "rollout", "status", what, f"--timeout={timeout}",
+                             timeout=float(timeout.rstrip("s")) + 30)  # fmt: skip
+
+    def run_pod(self, name: str, script: str, *, namespace: str = "default", within: float = 120) -> str:
+        """A busybox Pod on the real node running `script`; its phase and log once it ends."""
+        core: Any = k8s.CoreV1Api(self.cluster.admin)
+        body = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"restartPolicy": "Never", "nodeSelector": {CONTROL_PLANE_LABEL: ""},
+                     "tolerations": TOLERATE_CONTROL_PLANE, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "sh", "image": self.images["busybox"], "command": ["sh", "-c", script]}]},
+        }  # fmt: skip
+        core.create_namespaced_pod(namespace, body)
+
+        def ended() -> str:
+            phase = core.read_namespaced_pod(name, namespace).status.phase
+            return str(phase) if phase in ("Succeeded", "Failed") else ""
+
+        phase = wait_until(f"Pod {namespace}/{name} to end", ended, within=within)
+        log = self.cluster.kubectl("-n", namespace, "logs", name).stdout
+        return f"{phase}\n{log}"

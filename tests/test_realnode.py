@@ -1,0 +1,153 @@
+"""The real node's harness, its pure parts (`make e2e-pods` runs the rest): the configuration it renders for
+containerd, the kubelet, kube-proxy, CNI and the API server's egress; the content keys that decide when an image is
+rebuilt; the namespace doors' address parsing; and the before/after inventory that proves the machine is left as
+found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.realcluster import images, inventory, node, nsbridge, pki
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> node.Layout:
+    return node.Layout(tmp_path / "run", "abc123")
+
+
+def test_every_path_the_node_writes_is_under_its_run(layout: node.Layout) -> None:
+    text = node.containerd_config(layout, sandbox_image="127.0.0.1:5000/pause:k")
+    paths = [line.split('"')[1] for line in text.splitlines() if '= "/' in line]
+    assert paths, text
+    for p in paths:
+        assert p.startswith(str(layout.dir)) or p in ("/usr/sbin/runc", node.CNI_BIN), p
+    assert "restrict_oom_score_adj = true" in text
+    assert "netns_mounts_under_state_dir = true" in text
+    assert 'sandbox_image = "127.0.0.1:5000/pause:k"' in text
+    cni = node.cni_config(layout)
+    assert cni["plugins"][0]["ipam"]["dataDir"].startswith(str(layout.dir))
+    kubelet = node.kubelet_config(layout, ca=Path("/ca"), serving=pki.Pair(Path("/c"), Path("/k")))
+    assert kubelet["podLogsDir"].startswith(str(layout.dir))
+    assert kubelet["cgroupRoot"] == "/hlas-abc123"
+    assert layout.netns == "hlas-abc123"
+
+
+def test_the_kubelet_runs_on_cgroup_v1_and_knows_only_cluster_dns(layout: node.Layout) -> None:
+    cfg = node.kubelet_config(layout, ca=Path("/ca"), serving=pki.Pair(Path("/c"), Path("/k")))
+    assert cfg["failCgroupV1"] is False and cfg["cgroupDriver"] == "cgroupfs"
+    assert cfg["resolvConf"] == "" and cfg["clusterDNS"] == [node.CLUSTER_DNS]
+    assert cfg["authentication"]["anonymous"]["enabled"] is False
+    assert {"key": node.CONTROL_PLANE_LABEL, "effect": "NoSchedule"} in cfg["registerWithTaints"]
+
+
+def test_kube_proxy_leaves_the_machines_conntrack_alone() -> None:
+    cfg = node.kube_proxy_config(kubeconfig=Path("/k"))
+    assert cfg["conntrack"]["maxPerCore"] == 0 and cfg["mode"] == "nftables"
+
+
+def test_the_api_server_reaches_the_cluster_through_the_nodes_door(layout: node.Layout) -> None:
+    cfg = node.egress_selector_config(layout)
+    (sel,) = cfg["egressSelections"]
+    assert sel["name"] == "cluster"
+    assert sel["connection"]["transport"]["uds"]["udsName"] == str(layout.egress_socket)
+    slice_ = node.kubernetes_endpoints(6443)
+    assert slice_["endpoints"][0]["addresses"] == [node.NODE_IP] and slice_["ports"][0]["port"] == 6443
+
+
+def test_the_doors_and_their_addresses() -> None:
+    doors = node.Doors(api_port=6443, registry="127.0.0.1:5001", machine_room_port=9052)
+    assert doors.forwards() == ["0.0.0.0:6443=127.0.0.1:6443", "127.0.0.1:5001=127.0.0.1:5001",
+                                f"{node.NODE_IP}:9052=127.0.0.1:9052"]  # fmt: skip
+    assert nsbridge.parse_forward("0.0.0.0:1=127.0.0.1:2") == (("0.0.0.0", 1), ("127.0.0.1", 2))
+    for bad in ("nohost", "1.2.3.4:0", "1.2.3.4:x", ":80"):
+        with pytest.raises(ValueError, match="host:port"):
+            nsbridge.parse_addr(bad)
+    assert nsbridge.parse_connect_request(b"CONNECT 10.0.0.5:443 HTTP/1.1\r\nHost: x\r\n\r\n") == ("10.0.0.5", 443)
+    assert nsbridge.parse_connect_request(b"CONNECT [fd00::1]:10250 HTTP/1.1\r\n\r\n") == ("fd00::1", 10250)
+    with pytest.raises(ValueError, match="not a CONNECT"):
+        nsbridge.parse_connect_request(b"GET / HTTP/1.1\r\n\r\n")
+
+
+def test_the_registry_is_plain_http_on_the_loopback_only() -> None:
+    text = node.registry_hosts("127.0.0.1:5001")
+    assert 'server = "http://127.0.0.1:5001"' in text and '"pull", "resolve"' in text
+
+
+# --- images -----------------------------------------------------------------------------------------------------------
+DOCKERFILE = """\
+ARG PYTHON_IMAGE=python:3.11
+FROM ${PYTHON_IMAGE} AS build
+COPY pyproject.toml README.md ./
+COPY api/ api/
+# COPY commented/ out/
+RUN pip install .
+FROM ${PYTHON_IMAGE}
+COPY --from=build /opt/venv /opt/venv
+"""
+
+
+def test_an_images_key_is_the_files_its_dockerfile_copies(tmp_path: Path) -> None:
+    assert images.dockerfile_inputs(DOCKERFILE) == ["pyproject.toml", "README.md", "api"]
+    for rel, text in {"pyproject.toml": "p", "README.md": "r", "api/a.py": "a", "api/__pycache__/a.pyc": "c",
+                      "tests/t.py": "t"}.items():  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    files = images.context_files(tmp_path, DOCKERFILE, ["**/__pycache__", "*.egg-info"])
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == ["README.md", "api/a.py", "pyproject.toml"]
+
+    def key() -> str:
+        return images.content_key("r", *[f.read_bytes() for f in images.context_files(tmp_path, DOCKERFILE)])
+
+    first = key()
+    (tmp_path / "tests" / "t.py").write_text("changed")  # not copied: same image
+    assert key() == first
+    (tmp_path / "api" / "a.py").write_text("changed")  # copied: a new image
+    assert key() != first
+
+
+def test_the_repositorys_own_dockerfile_is_read() -> None:
+    root = Path(__file__).resolve().parent.parent
+    inputs = images.dockerfile_inputs((root / "Dockerfile").read_text())
+    assert "pyproject.toml" in inputs and "workflows" in inputs and "tests" not in inputs
+
+
+def test_dockerignore_patterns() -> None:
+    pats = ["**/__pycache__", "**/*.pyc", ".venv", "*.egg-info"]
+    assert images.ignored("api/__pycache__/x.pyc", pats)
+    assert images.ignored("x.egg-info/PKG-INFO", pats)
+    assert images.ignored(".venv/bin/python", pats)
+    assert not images.ignored("api/models.py", pats)
+
+
+# --- inventory --------------------------------------------------------------------------------------------------------
+def test_the_inventory_says_what_a_run_left_behind() -> None:
+    before = inventory.Inventory(netns=("named: a",), links=("lo",), mounts=("/ ext4",))
+    after = inventory.Inventory(netns=("named: a", "named: hlas-x"), links=("lo", "hlas-br0"), mounts=())
+    changes = inventory.diff(before, after)
+    assert changes == {"netns": (["named: hlas-x"], []), "links": (["hlas-br0"], []), "mounts": ([], ["/ ext4"])}
+    text = inventory.describe(changes)
+    assert "netns: left behind: named: hlas-x" in text and "mounts: gone since before: / ext4" in text
+    assert inventory.diff(before, before) == {}
+
+
+def test_the_inventory_parses_the_tools_output() -> None:
+    links = "1: lo: <LOOPBACK,UP> mtu 65536 qdisc noqueue\n7: veth1@if3: <BROADCAST> mtu 1500\n"
+    assert inventory.parse_links(links) == ["lo", "veth1"]
+    assert inventory.parse_nft_tables("table ip nat\ntable inet hlas-x\n") == ["inet hlas-x", "ip nat"]
+    save = "# Generated\n*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE\nCOMMIT\n"
+    assert inventory.parse_iptables_save(save) == ["nat -A PREROUTING -j KUBE", "nat :PREROUTING"]
+    info = ("36 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+            "90 23 0:4 net:[4026532] /run/x\\040y rw - nsfs nsfs rw\n")  # fmt: skip
+    assert inventory.parse_mountinfo(info) == ["/run/x y nsfs", "/sys/fs/cgroup/memory cgroup"]
+    assert inventory.interesting_process("containerd", "net:[2]", "net:[1]", ())
+    assert inventory.interesting_process("python --netns /var/run/netns/hlas-1", "net:[1]", "net:[1]", ("hlas-",))
+    assert not inventory.interesting_process("bash", "net:[1]", "net:[1]", ("hlas-",))
+
+
+def test_the_cni_network_is_valid_json_of_the_plugins_debian_ships(layout: node.Layout) -> None:
+    cfg = json.loads(json.dumps(node.cni_config(layout)))
+    assert [p["type"] for p in cfg["plugins"]] == ["bridge", "portmap"]
+    assert cfg["plugins"][0]["bridge"].startswith(node.PREFIX)
