@@ -8,6 +8,8 @@ Each phase's time is kept and printed (`timings`).
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -144,6 +146,44 @@ class PodStack:
         text = (ADDONS / "coredns.yaml").read_text().replace("image: IMAGE", f"image: {self.images['coredns']}")
         self.apply([d for d in yaml.safe_load_all(text) if d])
         self.rollout("kube-system", "deployment/coredns")
+
+    def install_storage(self) -> None:
+        """local-path-provisioner as its README installs it (its own manifest), with three changes a user of this
+        cluster makes too: the images renamed to the run's registry, its volumes under the run directory, and the
+        Deployment pinned to the control plane (it tolerates the taint; the machines may be powered off)."""
+        docs = [d for d in yaml.safe_load_all((node_bin_dir().parent / "local-path-storage.yaml").read_text()) if d]
+        for doc in docs:
+            if doc["kind"] == "Deployment":
+                spec = doc["spec"]["template"]["spec"]
+                spec["containers"][0]["image"] = self.images["local-path-provisioner"]
+                spec["nodeSelector"] = {CONTROL_PLANE_LABEL: ""}
+                spec["tolerations"] = TOLERATE_CONTROL_PLANE
+            if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "local-path-config":
+                data = doc["data"]
+                data["config.json"] = json.dumps({"nodePathMap": [
+                    {"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [str(self.node.layout.storage)]}]})
+                data["helperPod.yaml"] = data["helperPod.yaml"].replace("image: busybox",
+                                                                        f"image: {self.images['busybox']}")
+        self.node.layout.storage.mkdir(parents=True, exist_ok=True)
+        self.apply(docs)
+        self.rollout("local-path-storage", "deployment/local-path-provisioner")
+
+    def overlay(self, name: str, base: Path, images: dict[str, str], patches: list[dict[str, Any]] | None = None,
+                ) -> Path:  # fmt: skip
+        """A kustomization of the run's own on top of one of deploy/'s, as docs/install.md has a user write one:
+        `images:` entries renaming the released images to the run's (and `patches`, where a step says why)."""
+        directory = self.dir / "overlays" / name
+        directory.mkdir(parents=True, exist_ok=True)
+        doc: dict[str, Any] = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(base, directory)],
+            "images": [{"name": old, "newName": new.rsplit(":", 1)[0], "newTag": new.rsplit(":", 1)[1]}
+                       for old, new in images.items()],
+        }  # fmt: skip
+        if patches:
+            doc["patches"] = patches
+        (directory / "kustomization.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        return directory
 
     def rollout(self, namespace: str, what: str, timeout: str = "300s") -> None:
         self.cluster.kubectl("-n", namespace, "rollout", "status", what, f"--timeout={timeout}",
