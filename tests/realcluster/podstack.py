@@ -160,10 +160,16 @@ class PodStack:
                 spec["tolerations"] = TOLERATE_CONTROL_PLANE
             if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "local-path-config":
                 data = doc["data"]
-                data["config.json"] = json.dumps({"nodePathMap": [
-                    {"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [str(self.node.layout.storage)]}]})
-                data["helperPod.yaml"] = data["helperPod.yaml"].replace("image: busybox",
-                                                                        f"image: {self.images['busybox']}")
+                data["config.json"] = json.dumps(
+                    {
+                        "nodePathMap": [
+                            {"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [str(self.node.layout.storage)]}
+                        ]
+                    }
+                )
+                data["helperPod.yaml"] = data["helperPod.yaml"].replace(
+                    "image: busybox", f"image: {self.images['busybox']}"
+                )
         self.node.layout.storage.mkdir(parents=True, exist_ok=True)
         self.apply(docs)
         self.rollout("local-path-storage", "deployment/local-path-provisioner")
