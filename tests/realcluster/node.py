@@ -2,10 +2,10 @@
 kube-proxy, all inside a network namespace of the run's own, joined to the harness's control plane.
 
 Addresses (inside the node's namespace only; nothing of them exists in the machine's):
-  NODE_IP     on a dummy link: the kubelet's InternalIP, where Pods reach the API server and the machine room;
+  NODE_IP     on a link of its own: the kubelet's InternalIP, where Pods reach the API server and the machine room;
   POD_CIDR    on the CNI bridge (host-local IPAM); the node's namespace has no default route, so no Pod reaches
               anything but the node, its Pods and its Services;
-  SERVICE_CIDR the control plane's: routed to the dummy link so kube-proxy's rules see the node's own packets.
+  SERVICE_CIDR the control plane's: routed to that link so kube-proxy's rules see the node's own packets.
 The doors between the two namespaces are tests/realcluster/nsbridge.py's.
 
 Everything the node writes lives under its run directory, with three exceptions the runtime hard-codes (shim
@@ -44,6 +44,7 @@ POD_CIDR = "10.244.0.0/24"
 CLUSTER_DNS = "10.0.0.10"
 BRIDGE = "hlas-br0"
 DUMMY = "hlas-node0"
+DUMMY_PEER = "hlas-node1"
 CNI_BIN = "/usr/lib/cni"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 SHIM_SOCKETS = Path("/run/containerd/s")
@@ -338,7 +339,10 @@ class RealNode:
         self._log_links_dir_existed = CONTAINER_LOG_LINKS.exists()
         ns = self.layout.netns
         _sh("ip", "netns", "add", ns)
-        for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", DUMMY, "type", "dummy"],
+        # The node's own address on one end of a veth pair whose both ends stay in its namespace (this kernel has
+        # no dummy links); the other end only keeps the link up.
+        for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", DUMMY, "type", "veth", "peer", "name",
+                     DUMMY_PEER], ["ip", "link", "set", DUMMY_PEER, "up"],
                     ["ip", "addr", "add", f"{NODE_IP}/32", "dev", DUMMY], ["ip", "link", "set", DUMMY, "up"],
                     ["ip", "route", "add", SERVICE_CIDR, "dev", DUMMY],
                     ["sysctl", "-qw", "net.ipv4.ip_forward=1"]):  # fmt: skip

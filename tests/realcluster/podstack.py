@@ -19,10 +19,14 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
+from tests.procs import free_port
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
+from tests.realcluster.executor import Executor, Machine
 from tests.realcluster.images import Builder, Built, Registry
+from tests.realcluster.machineroom import MachineRoom
 from tests.realcluster.node import CONTROL_PLANE_LABEL, Doors, RealNode, node_bin_dir, require_node
 
+NS = "homelab-autoscaler-system"
 HERE = Path(__file__).resolve().parent
 ADDONS = HERE / "addons"
 TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
@@ -50,7 +54,8 @@ class PodStack:
     node: RealNode = field(init=False)
     images: Images = field(init=False)
     built: dict[str, Built] = field(default_factory=dict)
-    machine_room_port: int = 0
+    machine_room_port: int = field(default_factory=free_port)
+    room: MachineRoom | None = None
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +126,19 @@ class PodStack:
             raise
         return self
 
+    def start_machine_room(self, machines: dict[str, Machine]) -> MachineRoom:
+        """The machine room on the loopback (its port was the node's door since the start)."""
+        executor = Executor(self.cluster, NS, machines)
+        self.room = MachineRoom(executor, port=self.machine_room_port).start()
+        return self.room
+
     def stop(self) -> None:
+        if self.room is not None:
+            self.room.stop()
+            self.room = None
+        with contextlib.suppress(AttributeError):
+            for kubelet in list(self.cluster.kubelets):
+                self.cluster.stop_kubelet(kubelet)
         with contextlib.suppress(AttributeError):
             self.node.stop()
         with contextlib.suppress(AttributeError):
