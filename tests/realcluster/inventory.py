@@ -34,11 +34,12 @@ class Inventory:
     cgroups: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     processes: tuple[str, ...] = ()
+    sysctls: tuple[str, ...] = ()
     errors: tuple[str, ...] = field(default=(), compare=False)
 
     def kinds(self) -> dict[str, tuple[str, ...]]:
         return {k: getattr(self, k) for k in ("netns", "links", "nft_tables", "iptables", "mounts", "cgroups",
-                                              "files", "processes")}  # fmt: skip
+                                              "files", "processes", "sysctls")}  # fmt: skip
 
 
 def diff(before: Inventory, after: Inventory) -> dict[str, tuple[list[str], list[str]]]:
@@ -51,6 +52,29 @@ def diff(before: Inventory, after: Inventory) -> dict[str, tuple[list[str], list
         if added or removed:
             out[kind] = (added, removed)
     return out
+
+
+# What a node makes without naming it: Pods' network namespaces, veth ends, shim sockets, log links.
+UNNAMED_NODE_THINGS = ("cni-", "veth", " = ", "/run/containerd", "/var/log/containers", "/var/log/pods", "/var/lib/cni",
+                       "/var/lib/kubelet", "/etc/cni", "/opt/cni", "kubepods")  # fmt: skip
+
+
+def attributable(item: str, markers: Iterable[str]) -> bool:
+    """A change the run made: it names one of the run's markers (its prefix, its directory) or is of a kind only a
+    node makes unnamed. The machine is shared: whatever else appeared meanwhile is someone else's."""
+    return any(m in item for m in (*markers, *UNNAMED_NODE_THINGS))
+
+
+def left_behind(changes: Mapping[str, tuple[list[str], list[str]]], markers: Iterable[str]
+                ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:  # fmt: skip
+    """What appeared and stayed, split into the run's and the rest (someone else's, said but not held against it)."""
+    ours: dict[str, list[str]] = {}
+    theirs: dict[str, list[str]] = {}
+    marks = tuple(markers)
+    for kind, (added, _removed) in changes.items():
+        for item in added:
+            (ours if attributable(item, marks) else theirs).setdefault(kind, []).append(item)
+    return ours, theirs
 
 
 def describe(changes: Mapping[str, tuple[list[str], list[str]]]) -> str:
@@ -169,6 +193,19 @@ def _cgroups(cgroup_names: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
+# The machine-wide kernel settings a kubelet or kube-proxy may set (namespaced ones go with the node's namespace).
+SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+           "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/netfilter/nf_conntrack_max")  # fmt: skip
+
+
+def _sysctls() -> dict[str, str]:
+    out = {}
+    for name in SYSCTLS:
+        with contextlib.suppress(OSError):
+            out[name] = (Path("/proc/sys") / name).read_text().strip()
+    return out
+
+
 def _files() -> list[str]:
     found = []
     for d in STRAY_DIRS:
@@ -200,6 +237,7 @@ def take(*, markers: tuple[str, ...] = ("hlas-",), cgroup_names: tuple[str, ...]
         cgroups=tuple(_cgroups(cgroup_names)),
         files=tuple(_files()),
         processes=tuple(procs),
+        sysctls=tuple(f"{k} = {v}" for k, v in sorted(_sysctls().items())),
         errors=tuple(errors),
     )
 

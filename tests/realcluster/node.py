@@ -48,7 +48,13 @@ DUMMY_PEER = "hlas-node1"
 CNI_BIN = "/usr/lib/cni"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 SHIM_SOCKETS = Path("/run/containerd/s")
+# The kernel settings a kubelet sets to its liking at start (its container manager's "kernel flags"); they are the
+# machine's, not the namespace's: recorded before, put back at the end (tests/realcluster/inventory.py checks).
+KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")  # fmt: skip
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
+# libcni's result cache (containerd's CNI library has no setting for it).
+CNI_CACHE = Path("/var/lib/cni")
 
 
 class Unavailable(RuntimeError):
@@ -64,7 +70,10 @@ DEBIAN_TOOLS = {"containerd": "containerd", "runc": "runc", "nsenter": "util-lin
                 "ip": "iproute2", "ctr": "containerd"}  # fmt: skip
 
 
-def require_node() -> Path:
+NODE_PROGRAMS = ("kubelet", "kube-proxy", "pause", "coredns", "local-path-provisioner")
+
+
+def require_node(programs: tuple[str, ...] = NODE_PROGRAMS) -> Path:
     """The node's bin directory, or `Unavailable` naming what is missing and what brings it."""
     if os.geteuid() != 0:
         raise Unavailable("the real node needs root (network namespaces, mounts, cgroups)")
@@ -72,8 +81,7 @@ def require_node() -> Path:
     missing += [f"{CNI_BIN}/{p} (apt-get install containernetworking-plugins)"
                 for p in ("bridge", "host-local", "loopback", "portmap") if not Path(CNI_BIN, p).exists()]  # fmt: skip
     where = node_bin_dir()
-    missing += [f"{where}/{b} (make node-bins)" for b in ("kubelet", "kube-proxy", "coredns", "local-path-provisioner")
-                if not (where / b).is_file()]  # fmt: skip
+    missing += [f"{where}/{b} (make node-bins)" for b in programs if not (where / b).is_file()]
     if missing:
         raise Unavailable("the real node lacks: " + "; ".join(missing))
     return where
@@ -272,7 +280,7 @@ def kubernetes_endpoints(api_port: int) -> dict[str, Any]:
         "kind": "EndpointSlice",
         "metadata": {"name": "kubernetes", "namespace": "default",
                      "labels": {"kubernetes.io/service-name": "kubernetes",
-                                "endpointslice.kubernetes.io/managed-by": "homelab-autoscaler.test/realnode"}},
+                                "endpointslice.kubernetes.io/managed-by": "homelab-autoscaler-test"}},
         "addressType": "IPv4",
         "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
         "ports": [{"name": "https", "port": api_port, "protocol": "TCP"}],
@@ -321,10 +329,12 @@ class RealNode:
     dir: Path
     doors: Doors
     sandbox_image: str
-    bins: Path = field(default_factory=require_node)
+    bins: Path = field(default_factory=lambda: require_node(("kubelet", "kube-proxy")))
     layout: Layout = field(init=False)
     procs: list[Proc] = field(default_factory=list)
     cluster: Cluster | None = None
+    _tunables: dict[str, str] = field(default_factory=dict)
+    _strays_before: set[Path] = field(default_factory=set)
     _shim_dir_existed: bool = True
     _log_links_dir_existed: bool = True
 
@@ -335,7 +345,9 @@ class RealNode:
     # --- before the control plane ---------------------------------------------------------------------------------
     def prepare(self, authority: pki.Authority) -> tuple[str, ...]:
         """The namespace, its links and doors; returns the API server's extra flags."""
+        self._tunables = read_tunables()
         self._shim_dir_existed = SHIM_SOCKETS.exists()
+        self._strays_before = _tree(SHIM_SOCKETS.parent) | _tree(CNI_CACHE)
         self._log_links_dir_existed = CONTAINER_LOG_LINKS.exists()
         ns = self.layout.netns
         _sh("ip", "netns", "add", ns)
@@ -541,6 +553,7 @@ class RealNode:
             _sh("ip", "netns", "del", self.layout.netns, check=False)
         self._remove_cgroups()
         self._remove_runtime_strays()
+        restore_tunables(self._tunables)
 
     def _remove_cgroups(self) -> None:
         for hierarchy in Path("/sys/fs/cgroup").iterdir():
@@ -569,10 +582,49 @@ class RealNode:
             if not self._log_links_dir_existed:
                 with contextlib.suppress(OSError):
                     CONTAINER_LOG_LINKS.rmdir()
-        if not self._shim_dir_existed:
-            for d in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+        # Shim sockets left by shims that were killed, and libcni's cached results of this node's Pods: what
+        # appeared since the start and no live process holds (the machine is shared).
+        bound = _bound_unix_sockets()
+        new = (_tree(SHIM_SOCKETS.parent) | _tree(CNI_CACHE)) - self._strays_before
+        for path in sorted(new, key=lambda p: -len(p.parts)):
+            if str(path) in bound:
+                continue
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    path.rmdir()
+                else:
+                    path.unlink()
+
+
+def _tree(root: Path) -> set[Path]:
+    if not root.exists():
+        return set()
+    return {root, *root.rglob("*")}
+
+
+def _bound_unix_sockets() -> set[str]:
+    """Paths of the Unix sockets some process has bound (/proc/net/unix of the machine's namespace)."""
+    with contextlib.suppress(OSError):
+        return {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                if len(line.split()) >= 8}  # fmt: skip
+    return set()
+
+
+def read_tunables() -> dict[str, str]:
+    out = {}
+    for name in KERNEL_TUNABLES:
+        with contextlib.suppress(OSError):
+            out[name] = (Path("/proc/sys") / name).read_text().strip()
+    return out
+
+
+def restore_tunables(values: dict[str, str]) -> None:
+    """The kernel settings as they were before the kubelet started."""
+    for name, value in values.items():
+        path = Path("/proc/sys") / name
+        with contextlib.suppress(OSError):
+            if path.read_text().strip() != value:
+                path.write_text(value)
 
 
 def _mounts_under(directory: Path) -> list[Path]:
