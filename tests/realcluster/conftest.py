@@ -21,9 +21,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="the real-cluster story runs under `make e2e-real` (HOMELAB_E2E_REAL=1)")
     skip_pods = pytest.mark.skip(reason="the real node's tier runs under `make e2e-pods` (HOMELAB_E2E_PODS=1, root)")
     for item in items:
-        if "realcluster" in item.keywords and not ENABLED:
+        # By marker, not keyword: every test of this directory has the keyword "realcluster".
+        if item.get_closest_marker("realcluster") and not ENABLED:
             item.add_marker(skip)
-        if "realpods" in item.keywords and not PODS_ENABLED:
+        if item.get_closest_marker("realpods") and not PODS_ENABLED:
             item.add_marker(skip_pods)
 
 

@@ -144,7 +144,14 @@ def test_the_web_ui_through_the_guides_port_forward(pods: PodStack) -> None:
                 return str(r.read().decode(errors="replace"))
 
         html = wait_until("the Web UI's page through kubectl port-forward", page, within=60)
-        assert "<html" in html.lower() and "temporal" in html.lower(), html[:300]
+        assert "<html" in html.lower() and "/_app/immutable/" in html, html[:300]
+
+        def namespaces() -> str:  # the UI's server asks the Temporal frontend: the page is the live UI
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/api/v1/namespaces", timeout=10) as r:
+                return str(r.read().decode(errors="replace"))
+
+        listed = wait_until("the Web UI to list Temporal's namespaces", namespaces, within=60)
+        assert '"default"' in listed, listed[:300]
     finally:
         proc.terminate()
         proc.wait(10)
