@@ -1,16 +1,27 @@
 """The real node's harness, its pure parts (`make e2e-pods` runs the rest): the configuration it renders for
 containerd, the kubelet, kube-proxy, CNI and the API server's egress; the content keys that decide when an image is
-rebuilt; the namespace doors' address parsing; and the before/after inventory that proves the machine is left as
-found."""
+rebuilt and which commit is the previous release; the namespace doors' address parsing; the machine room's BMC
+switches; the certificates the harness issues in cert-manager's place; the guide's commands the tier types; and the
+before/after inventory that proves the machine is left as found."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from tests.realcluster import images, inventory, node, nsbridge, pki
+from tests.realcluster import certmanager, images, inventory, machineroom, node, nsbridge, pki, test_pods
 
 
 @pytest.fixture
@@ -151,3 +162,135 @@ def test_the_cni_network_is_valid_json_of_the_plugins_debian_ships(layout: node.
     cfg = json.loads(json.dumps(node.cni_config(layout)))
     assert [p["type"] for p in cfg["plugins"]] == ["bridge", "portmap"]
     assert cfg["plugins"][0]["bridge"].startswith(node.PREFIX)
+
+
+# --- the machine room -------------------------------------------------------------------------------------------------
+@dataclass
+class Switchboard:
+    """The machines the room switches, as a test sees them: who was powered, when."""
+
+    machines: dict[str, object] = field(default_factory=lambda: {"m1": object(), "m2": object()})
+    log: list[tuple[str, str]] = field(default_factory=list)
+
+    def power_on(self, slot: str) -> None:
+        self.log.append(("on", slot))
+
+    def power_off(self, slot: str) -> None:
+        self.log.append(("off", slot))
+
+
+def test_the_machine_room_answers_as_a_bmc_would() -> None:
+    board = Switchboard()
+    room = machineroom.MachineRoom(board)
+    assert room.handle("/machines/m1/on") == (200, "m1 on") and board.log == [("on", "m1")]
+    assert room.handle("/machines/nope/on")[0] == 404 and room.handle("/machines/m1/reboot")[0] == 404
+    room.fail("m2", "on", times=2)
+    assert [room.handle("/machines/m2/on")[0] for _ in range(3)] == [503, 503, 200]
+    assert [c.status for c in room.calls_of("m2", "on")] == [503, 503, 200]
+    room.slow("*", "off", 0.2)
+    began = time.monotonic()
+    assert room.handle("/machines/m1/off")[0] == 200 and time.monotonic() - began >= 0.2
+    began = time.monotonic()
+    room.handle("/machines/m2/off")  # the slow answer was for one call only
+    assert time.monotonic() - began < 0.2
+
+
+def test_a_machine_boots_a_while_after_its_bmc_said_yes() -> None:
+    board = Switchboard()
+    room = machineroom.MachineRoom(board, boot_seconds=0.3)
+    assert room.handle("/machines/m1/on")[0] == 200
+    assert room.handle("/machines/m1/on")[0] == 200  # pressed twice: one boot
+    assert board.log == []  # not up yet: mid-boot
+    time.sleep(0.6)
+    assert board.log == [("on", "m1")] and [s for s, _ in room.booted] == ["m1"]
+    room.handle("/machines/m2/on")
+    room.handle("/machines/m2/off")  # powered off mid-boot: it never comes up
+    time.sleep(0.5)
+    assert board.log == [("on", "m1"), ("off", "m2")]
+    room.stop()
+
+
+# --- the previous release ---------------------------------------------------------------------------------------------
+def _git(repo: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": os.environ["PATH"], "HOME": str(repo)}  # fmt: skip
+    done = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.strip()
+
+
+def test_the_previous_release_is_the_nearest_commit_whose_image_differs(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "Dockerfile").write_text("FROM x\nCOPY api/ api/\n")
+    (repo / "api").mkdir()
+    (repo / "api" / "a.py").write_text("one")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    first = _git(repo, "rev-parse", "HEAD")
+    assert images.previous_image_commit(repo) is None  # no history before it
+    (repo / "api" / "a.py").write_text("two")
+    _git(repo, "commit", "-qam", "two")
+    (repo / "docs.md").write_text("words")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "docs only")
+    # HEAD~1 has the same image as HEAD (only docs changed since): the release before is the first commit.
+    assert images.previous_image_commit(repo) == first
+    exported = images.export_commit(first, tmp_path / "previous", root=repo)
+    assert (exported / "api" / "a.py").read_text() == "one"
+    (repo / "api" / "a.py").write_text("three")  # the working tree is what is built now, committed or not
+    assert images.previous_image_commit(repo) == _git(repo, "rev-parse", "HEAD~1")
+
+
+# --- the harness as cert-manager --------------------------------------------------------------------------------------
+def _certificates() -> dict[str, dict[str, object]]:
+    deploy = Path(__file__).resolve().parent.parent / "deploy" / "components"
+    docs = [d for f in ("cert-manager/certificates.yaml", "admission/webhook.yaml")
+            for d in yaml.safe_load_all((deploy / f).read_text()) if d and d["kind"] == "Certificate"]  # fmt: skip
+    return {d["metadata"]["name"]: d["spec"] for d in docs}
+
+
+def test_the_harness_issues_deploys_certificates_as_cert_manager_would() -> None:
+    specs = _certificates()
+    assert set(specs) == {"homelab-autoscaler-ca", "homelab-autoscaler-provider", "cluster-autoscaler-client",
+                          "homelab-autoscaler-webhook"}  # fmt: skip
+    root = certmanager.issue(specs["homelab-autoscaler-ca"], None)
+    assert root.ca == root.cert and root.cert.issuer == root.cert.subject  # self-signed: ca.crt is itself
+    basic = root.cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    usage = root.cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert basic.ca and usage.key_cert_sign and usage.digital_signature
+    assert root.cert.not_valid_after_utc - root.cert.not_valid_before_utc == dt.timedelta(hours=87600)
+    assert isinstance(root.key, ec.EllipticCurvePrivateKey) and root.key.curve.name == "secp256r1"
+    for name, eku in (("homelab-autoscaler-provider", ExtendedKeyUsageOID.SERVER_AUTH),
+                      ("homelab-autoscaler-webhook", ExtendedKeyUsageOID.SERVER_AUTH),
+                      ("cluster-autoscaler-client", ExtendedKeyUsageOID.CLIENT_AUTH)):  # fmt: skip
+        leaf = certmanager.issue(specs[name], (root.cert, root.key))
+        assert leaf.ca == root.cert and leaf.cert.issuer == root.cert.subject
+        leaf.cert.verify_directly_issued_by(root.cert)  # signed by the CA's key, issuer named as its subject
+        assert not leaf.cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        assert list(leaf.cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [eku]
+        dns = specs[name].get("dnsNames")
+        if dns:
+            sans = leaf.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            assert sans.get_values_for_type(x509.DNSName) == dns
+        assert set(leaf.secret_data()) == {"tls.crt", "tls.key", "ca.crt"}
+
+
+def test_the_harness_refuses_what_it_does_not_issue_by_name() -> None:
+    with pytest.raises(certmanager.Unsupported, match="subject"):
+        certmanager.issue({"secretName": "s", "subject": {"organizations": ["x"]}, "issuerRef": {"name": "i"}}, None)
+    with pytest.raises(certmanager.Unsupported, match="usage 'code signing'"):
+        certmanager.issue({"secretName": "s", "usages": ["code signing"]}, None)
+    assert certmanager.parse_duration("1h30m") == dt.timedelta(minutes=90)
+    with pytest.raises(certmanager.Unsupported, match="duration"):
+        certmanager.parse_duration("3d")
+
+
+def test_every_command_the_node_tier_types_is_in_the_guide() -> None:
+    """The tier types docs/install.md's commands word for word: the page and the test cannot drift apart."""
+    source = (Path(__file__).resolve().parent / "realcluster" / "test_pods.py").read_text()
+    typed = re.findall(r'typed\(\w+,\s*((?:"[^"]*"\s*)+)(?:,[^)]*?doc="([\w.]+)")?', source)
+    assert len(typed) >= 12, typed
+    for literal, doc in typed:
+        command = "".join(re.findall(r'"([^"]*)"', literal))
+        assert command in test_pods.guide_text(doc or "install.md"), f"docs/{doc or 'install.md'}: `{command}`"

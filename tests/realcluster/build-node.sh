@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the real node's programs from the Go module proxy (`make node-bins`): kubelet and kube-proxy from the
-# k8s.io/kubernetes release of the control plane, CoreDNS with the plugins a cluster.local-only server needs, and
-# local-path-provisioner. Into a cache directory keyed by their versions (tests/realcluster/versions.env), under a
-# flock per key, like build.sh. Prints the bin directory last.
+# k8s.io/kubernetes release of the control plane, CoreDNS with the plugins a cluster.local-only server needs,
+# local-path-provisioner, and cert-manager's CRDs. Into a cache directory keyed by their versions
+# (tests/realcluster/versions.env), under a flock per key, like build.sh. Prints the bin directory last.
 #
 #   tests/realcluster/build-node.sh            build what is missing, print the bin directory
 #   tests/realcluster/build-node.sh --where    print the bin directory only (nothing is built)
+#   tests/realcluster/build-node.sh --where-cert-manager-crds    the CRDs' file (nothing is fetched)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -16,6 +17,10 @@ key="node-k8s-${KUBERNETES_VERSION}_coredns-${COREDNS_VERSION}_lpp-${LOCAL_PATH_
 dir="$root/$key"
 if [[ "${1:-}" == "--where" ]]; then
   echo "$dir/bin"
+  exit 0
+fi
+if [[ "${1:-}" == "--where-cert-manager-crds" ]]; then
+  echo "$dir/cert-manager-$CERT_MANAGER_VERSION-crds.yaml"
   exit 0
 fi
 
@@ -132,6 +137,21 @@ GO
   mv -f "$m/pause" "$dir/bin/pause"
 }
 
+# cert-manager's CRDs, from its Go module's source (nothing is built): the mTLS overlay's Issuers and Certificates are
+# then checked against cert-manager's own schema. The harness issues what its controller would (tests/realcluster/
+# certmanager.py); building the controller itself is left out (docs/decisions.md).
+fetch_cert_manager_crds() {
+  local m="$work/cert-manager" src f
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/cert-manager-crds\n\ngo 1.25.0\n' >"$m/go.mod"
+  src=$(cd "$m" && go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  for f in "$src"/deploy/crds/cert-manager.io_*.yaml; do
+    cat "$f"
+  done >"$m/crds.yaml"
+  install -m 0644 "$m/crds.yaml" "$dir/cert-manager-$CERT_MANAGER_VERSION-crds.yaml"
+}
+
 run() {
   local name=$1 checks=$2 fn=$3 t0 have=1 c
   for c in $checks; do
@@ -153,6 +173,7 @@ run "coredns $COREDNS_VERSION" bin/coredns build_coredns
 run "local-path-provisioner $LOCAL_PATH_PROVISIONER_VERSION" "bin/local-path-provisioner local-path-storage.yaml" \
   build_local_path_provisioner
 run "pause" bin/pause build_pause
+run "cert-manager CRDs $CERT_MANAGER_VERSION" "cert-manager-$CERT_MANAGER_VERSION-crds.yaml" fetch_cert_manager_crds
 {
   for line in "${summary[@]}"; do echo "build-node.sh: $line"; done
   echo "build-node.sh: $(( $(stamp) - t_all )) s in all, into $dir"

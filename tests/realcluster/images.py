@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import shlex
 import shutil
 import subprocess
+import tarfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
@@ -119,6 +121,38 @@ def content_key(*parts: bytes | str | Path) -> str:
 Build = Callable[[str], None]
 
 
+def image_inputs(root: Path) -> list[str]:
+    """What decides the operator's image: its Dockerfile, .dockerignore, and what the Dockerfile copies."""
+    return ["Dockerfile", ".dockerignore", *dockerfile_inputs((root / "Dockerfile").read_text())]
+
+
+def previous_image_commit(root: Path = ROOT, *, depth: int = 200) -> str | None:
+    """The nearest commit before HEAD (first parents: the previous releases of a branch) whose image differs from
+    the checkout's; None when the history has none (a shallow clone). An upgrade from it changes the image."""
+    inputs = image_inputs(root)
+    listed = subprocess.run(["git", "rev-list", "--first-parent", f"--max-count={depth}", "HEAD~1", "--"],
+                            cwd=root, capture_output=True, text=True, timeout=60)  # fmt: skip
+    if listed.returncode != 0:
+        return None
+    for commit in listed.stdout.split():
+        # Against the working tree: the current image is built from it, committed or not.
+        same = subprocess.run(["git", "diff", "--quiet", commit, "--", *inputs], cwd=root, timeout=60)
+        if same.returncode == 1:
+            return commit
+    return None
+
+
+def export_commit(commit: str, dest: Path, root: Path = ROOT) -> Path:
+    """The commit's files (`git archive`) in `dest`, as a checkout of it would have them."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=root, capture_output=True,
+                             timeout=300, check=True).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
 # --- building ---------------------------------------------------------------------------------------------------------
 @dataclass
 class Built:
@@ -156,8 +190,8 @@ class Builder:
                "--storage-driver", "overlay", "inspect", "--type", "image", local]  # fmt: skip
         return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
 
-    def ensure(self, name: str, key: str, build: Build) -> Built:
-        """`localhost/hlas/<name>:<key>`, built by `build(local)` unless the store has it."""
+    def ensure(self, name: str, key: str, build: Build, note: str = "") -> Built:
+        """`localhost/hlas/<name>:<key>`, built by `build(local)` unless the store has it; `note` says which."""
         local = f"localhost/hlas/{name}:{key}"
         began = time.monotonic()
         if self.has(local):
@@ -166,7 +200,8 @@ class Builder:
             build(local)
             result = Built(name, local, True, time.monotonic() - began)
         self.log.append(result)
-        print(f"image {name}: {'built in' if result.built else 'cached'} {result.seconds:.0f} s ({local})", flush=True)
+        print(f"image {name}{note}: {'built in' if result.built else 'cached'} {result.seconds:.0f} s ({local})",
+              flush=True)  # fmt: skip
         return result
 
     # --- the recipes ------------------------------------------------------------------------------------------------
@@ -243,7 +278,7 @@ class Builder:
 
         return self.ensure("python-base", key, build)
 
-    def operator(self, source: Path = ROOT, *, base: Built) -> Built:
+    def operator(self, source: Path = ROOT, *, base: Built, note: str = "") -> Built:
         """The repository's Dockerfile, unchanged, built with `buildah bud` on the Debian base; the machine's CA
         bundle is mounted for the build only (pip verifies PyPI through it)."""
         dockerfile = (source / "Dockerfile").read_text()
@@ -260,7 +295,7 @@ class Builder:
                 args += ["--volume", f"{MACHINE_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro"]
             self.buildah(*args, str(source))
 
-        return self.ensure("homelab-autoscaler", key, build)
+        return self.ensure("homelab-autoscaler", key, build, note)
 
     def push(self, built: Built, ref: str) -> None:
         """The image to the run's registry, as `docker push` would (plain HTTP on the loopback)."""
@@ -286,9 +321,12 @@ def _candidate_versions(packages: Iterable[str]) -> dict[str, str]:
 # --- the registry -----------------------------------------------------------------------------------------------------
 @dataclass
 class Registry:
-    """Debian's docker-registry on 127.0.0.1, its storage under the run: empty at every start, gone at the end."""
+    """Debian's docker-registry on 127.0.0.1 for the run's length. Its storage is kept in the image cache (blobs by
+    digest, as buildah's store keeps them), so a push of an image pushed before uploads nothing; its process,
+    configuration and log live under the run."""
 
     dir: Path
+    storage: Path = CACHE / "registry"
     port: int = field(default_factory=free_port)
     proc: Proc | None = None
 
@@ -298,10 +336,11 @@ class Registry:
 
     def start(self) -> Registry:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.storage.mkdir(parents=True, exist_ok=True)
         cfg = self.dir / "registry.yml"
         cfg.write_text(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
-            f"    rootdirectory: {self.dir / 'storage'}\n  delete:\n    enabled: true\n"
+            f"    rootdirectory: {self.storage}\n"
             f"http:\n  addr: {self.address}\n"
         )
         self.proc = Proc("registry", ["docker-registry", "serve", str(cfg)], self.dir / "registry.log").start()

@@ -66,6 +66,16 @@ def node_bin_dir() -> Path:
     return Path(out.stdout.strip())
 
 
+def cert_manager_crds() -> Path:
+    """cert-manager's CRDs as build-node.sh keeps them (`make node-bins` fetches them)."""
+    out = subprocess.run([str(BUILD_NODE), "--where-cert-manager-crds"], capture_output=True, text=True, timeout=30,
+                         check=True)  # fmt: skip
+    path = Path(out.stdout.strip())
+    if not path.is_file():
+        raise Unavailable(f"{path} is missing: run `make node-bins`")
+    return path
+
+
 DEBIAN_TOOLS = {"containerd": "containerd", "runc": "runc", "nsenter": "util-linux", "nft": "nftables",
                 "ip": "iproute2", "ctr": "containerd"}  # fmt: skip
 

@@ -22,11 +22,12 @@ from kubernetes import client as k8s
 from tests.procs import free_port
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
 from tests.realcluster.executor import Executor, Machine
-from tests.realcluster.images import Builder, Built, Registry
+from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit
 from tests.realcluster.machineroom import MachineRoom
 from tests.realcluster.node import CONTROL_PLANE_LABEL, Doors, RealNode, node_bin_dir, require_node
 
 NS = "homelab-autoscaler-system"
+PREVIOUS = "homelab-autoscaler-previous"
 HERE = Path(__file__).resolve().parent
 ADDONS = HERE / "addons"
 TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
@@ -56,6 +57,7 @@ class PodStack:
     built: dict[str, Built] = field(default_factory=dict)
     machine_room_port: int = field(default_factory=free_port)
     room: MachineRoom | None = None
+    previous_commit: str | None = None
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -93,12 +95,22 @@ class PodStack:
             base = b.python_base()
             self.built["python-base"] = base
             self.built["homelab-autoscaler"] = b.operator(base=base)
+            # The release before this checkout's, for the rollout while claims are in flight: the nearest earlier
+            # commit whose image differs, built from its own Dockerfile (a clone without it says so there).
+            self.previous_commit = previous_image_commit()
+            if self.previous_commit is not None:
+                source = export_commit(self.previous_commit, self.dir / "previous")
+                self.built[PREVIOUS] = b.operator(
+                    source, base=base, note=f" (the previous release, {self.previous_commit[:10]})"
+                )
 
     def push_images(self) -> None:
         for name, built in self.built.items():
             if name == "python-base":
                 continue
-            ref = f"{self.registry.address}/{name}:{built.local.rsplit(':', 1)[1]}"
+            # The previous release is another tag of the same repository, as a registry holds releases.
+            repository = "homelab-autoscaler" if name == PREVIOUS else name
+            ref = f"{self.registry.address}/{repository}:{built.local.rsplit(':', 1)[1]}"
             self.builder.push(built, ref)
             self.images.refs[name] = ref
 
