@@ -238,6 +238,9 @@ def test_the_previous_release_is_the_nearest_commit_whose_image_differs(tmp_path
     assert images.previous_image_commit(repo) == first
     exported = images.export_commit(first, tmp_path / "previous", root=repo)
     assert (exported / "api" / "a.py").read_text() == "one"
+    assert images.resolve_commit("HEAD~2", repo) == first
+    with pytest.raises(ValueError, match="HOMELAB_E2E_PREVIOUS=nope: no such commit"):
+        images.resolve_commit("nope", repo)
     (repo / "api" / "a.py").write_text("three")  # the working tree is what is built now, committed or not
     assert images.previous_image_commit(repo) == _git(repo, "rev-parse", "HEAD~1")
 

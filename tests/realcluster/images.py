@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -140,6 +141,15 @@ def previous_image_commit(root: Path = ROOT, *, depth: int = 200) -> str | None:
         if same.returncode == 1:
             return commit
     return None
+
+
+def resolve_commit(ref: str, root: Path = ROOT) -> str:
+    """A commit named by a ref of the repository (a hash, a tag, `main~3`), or ValueError naming it."""
+    done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=root,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    if done.returncode != 0:
+        raise ValueError(f"HOMELAB_E2E_PREVIOUS={ref}: no such commit in {root}")
+    return done.stdout.strip()
 
 
 def export_commit(commit: str, dest: Path, root: Path = ROOT) -> Path:
@@ -301,6 +311,11 @@ class Builder:
         """The image to the run's registry, as `docker push` would (plain HTTP on the loopback)."""
         self.buildah("push", "--tls-verify=false", built.local, f"docker://{ref}", timeout=900)
 
+    def archive(self, built: Built, path: Path, name: str) -> Path:
+        """The image as an OCI archive named `name` (what `RealNode.load_image` imports)."""
+        self.buildah("push", built.local, f"oci-archive:{path}:{name}", timeout=900)
+        return path
+
 
 def _json(words: list[str]) -> str:
     return json.dumps(words)
@@ -351,6 +366,19 @@ class Registry:
 
         wait_until("the image registry to answer /v2/", up, within=30, procs=[self.proc])
         return self
+
+    def has(self, repository: str, tag: str) -> bool:
+        """Whether the registry holds `repository:tag` (a tag is a content key: the same tag, the same image)."""
+        request = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
+                                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                                                  "application/vnd.docker.distribution.manifest.v2+json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return bool(r.status == 200)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+            raise
 
     def stop(self) -> None:
         if self.proc is not None:

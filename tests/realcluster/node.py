@@ -466,14 +466,24 @@ class RealNode:
         proc = self._in_netns("kube-proxy", [str(self.bins / "kube-proxy"), f"--config={cfg}", "--v=2"])
 
         def healthy() -> bool:
-            done = _sh("nsenter", f"--net={self.layout.netns_path}", "nft", "list", "table", "ip", "kube-proxy",
-                       check=False)  # fmt: skip
-            return done.returncode == 0 and "services" in done.stdout
+            return "services" in self.nft_table()
 
         wait_until("kube-proxy to write its nftables table in the node's namespace", healthy, within=90,
                    procs=[proc])  # fmt: skip
 
+    # --- for a tier that attaches to the node (issue 31's machine room) ----------------------------------------------
+    # The node's network namespace is `layout.netns`, a named one (/var/run/netns): a link moved into it with
+    # `ip link set <dev> netns <name>` joins the node. Images reach it through the run's registry
+    # (`PodStack.load_image`): an image imported with `ctr images import` was listed by containerd but never found
+    # by the kubelet through CRI ("not present with pull policy of Never"), so the node pulls everything it runs.
+
     # --- reading -----------------------------------------------------------------------------------------------------
+    def nft_table(self) -> str:
+        """kube-proxy's nftables table in the node's namespace ('' before it exists)."""
+        done = _sh("nsenter", f"--net={self.layout.netns_path}", "nft", "list", "table", "ip", "kube-proxy",
+                   check=False)  # fmt: skip
+        return done.stdout if done.returncode == 0 else ""
+
     def tasks(self) -> list[str]:
         """containerd's running tasks (containers with a process), by id."""
         done = self.ctr("tasks", "ls", "-q", check=False)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from kubernetes import client as k8s
 from tests.procs import free_port
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
 from tests.realcluster.executor import Executor, Machine
-from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit
+from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit, resolve_commit
 from tests.realcluster.machineroom import MachineRoom
 from tests.realcluster.node import CONTROL_PLANE_LABEL, Doors, RealNode, node_bin_dir, require_node
 
@@ -97,7 +99,9 @@ class PodStack:
             self.built["homelab-autoscaler"] = b.operator(base=base)
             # The release before this checkout's, for the rollout while claims are in flight: the nearest earlier
             # commit whose image differs, built from its own Dockerfile (a clone without it says so there).
-            self.previous_commit = previous_image_commit()
+            # HOMELAB_E2E_PREVIOUS names another (an older release, to roll across more history).
+            given = os.environ.get("HOMELAB_E2E_PREVIOUS", "")
+            self.previous_commit = resolve_commit(given) if given else previous_image_commit()
             if self.previous_commit is not None:
                 source = export_commit(self.previous_commit, self.dir / "previous")
                 self.built[PREVIOUS] = b.operator(
@@ -110,8 +114,10 @@ class PodStack:
                 continue
             # The previous release is another tag of the same repository, as a registry holds releases.
             repository = "homelab-autoscaler" if name == PREVIOUS else name
-            ref = f"{self.registry.address}/{repository}:{built.local.rsplit(':', 1)[1]}"
-            self.builder.push(built, ref)
+            tag = built.local.rsplit(":", 1)[1]
+            ref = f"{self.registry.address}/{repository}:{tag}"
+            if not self.registry.has(repository, tag):  # the registry's storage outlives the run: pushed before
+                self.builder.push(built, ref)
             self.images.refs[name] = ref
 
     # --- start and stop -------------------------------------------------------------------------------------------
@@ -137,6 +143,19 @@ class PodStack:
             self.stop()
             raise
         return self
+
+    def load_image(self, archive: Path, name: str) -> str:
+        """An image archive (OCI, or docker's) put where the node pulls from, as `<registry>/<name>`: the reference a
+        Pod names. For a tier that brings images of its own (issue 31's machine room)."""
+        with tarfile.open(archive) as tar:
+            transport = "oci-archive" if "index.json" in {m.name.lstrip("./") for m in tar.getmembers()} else \
+                "docker-archive"  # fmt: skip
+        ref = f"{self.registry.address}/{name}"
+        done = subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"{transport}:{archive}",
+                               f"docker://{ref}"], capture_output=True, text=True, timeout=600)  # fmt: skip
+        if done.returncode != 0:
+            raise AssertionError(f"skopeo copy of {archive} to {ref} failed ({done.returncode}): {done.stderr[-2000:]}")
+        return ref
 
     def start_machine_room(self, machines: dict[str, Machine]) -> MachineRoom:
         """The machine room on the loopback (its port was the node's door since the start)."""
@@ -175,6 +194,17 @@ class PodStack:
         text = (ADDONS / "coredns.yaml").read_text().replace("image: IMAGE", f"image: {self.images['coredns']}")
         self.apply([d for d in yaml.safe_load_all(text) if d])
         self.rollout("kube-system", "deployment/coredns")
+        # Ready is not yet routed: kube-proxy programs the Service's endpoint a moment later (a Pod asking at once
+        # got "connection refused", the reject of a Service without endpoints).
+        core: Any = k8s.CoreV1Api(self.cluster.admin)
+
+        def routed() -> bool:
+            ips = [p.status.pod_ip for p in core.list_namespaced_pod("kube-system", label_selector="k8s-app=kube-dns")
+                   .items if p.status.pod_ip]  # fmt: skip
+            table = self.node.nft_table()
+            return bool(ips) and all(ip in table for ip in ips)
+
+        wait_until("kube-proxy to route the cluster DNS Service to CoreDNS", routed, within=60)
 
     def install_storage(self) -> None:
         """local-path-provisioner as its README installs it (its own manifest), with three changes a user of this
@@ -224,14 +254,16 @@ class PodStack:
         self.cluster.kubectl("-n", namespace, "rollout", "status", what, f"--timeout={timeout}",
                              timeout=float(timeout.rstrip("s")) + 30)  # fmt: skip
 
-    def run_pod(self, name: str, script: str, *, namespace: str = "default", within: float = 120) -> str:
-        """A busybox Pod on the real node running `script`; its phase and log once it ends."""
+    def run_pod(self, name: str, script: str, *, namespace: str = "default", within: float = 120,
+                image: str = "", pull: str = "IfNotPresent") -> str:  # fmt: skip
+        """A Pod on the real node running `script` in busybox (or `image`); its phase and log once it ends."""
         core: Any = k8s.CoreV1Api(self.cluster.admin)
         body = {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
             "spec": {"restartPolicy": "Never", "nodeSelector": {CONTROL_PLANE_LABEL: ""},
                      "tolerations": TOLERATE_CONTROL_PLANE, "terminationGracePeriodSeconds": 1,
-                     "containers": [{"name": "sh", "image": self.images["busybox"], "command": ["sh", "-c", script]}]},
+                     "containers": [{"name": "sh", "image": image or self.images["busybox"], "imagePullPolicy": pull,
+                                     "command": ["sh", "-c", script]}]},
         }  # fmt: skip
         core.create_namespaced_pod(namespace, body)
 
