@@ -297,3 +297,22 @@ def test_every_command_the_node_tier_types_is_in_the_guide() -> None:
     for literal, doc in typed:
         command = "".join(re.findall(r'"([^"]*)"', literal))
         assert command in test_pods.guide_text(doc or "install.md"), f"docs/{doc or 'install.md'}: `{command}`"
+
+
+def test_the_log_keeper_keeps_what_a_replaced_pod_printed(tmp_path: Path) -> None:
+    from tests.realcluster.podstack import LogKeeper
+
+    source, dest = tmp_path / "pod-logs", tmp_path / "kept"
+    log = source / "ns_operator-abc_0123-uid" / "homelab-autoscaler" / "0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("one\n")
+    keeper = LogKeeper(source, dest)
+    keeper.copy()
+    with log.open("a") as f:
+        f.write("two\n")
+    keeper.copy()
+    keeper.copy()  # nothing new: nothing appended twice
+    log.unlink()  # the Pod is gone, and the kubelet took its logs with it
+    kept = dest / "ns_operator-abc" / "homelab-autoscaler.log"
+    assert kept.read_text() == "one\ntwo\n"
+    assert "two" in keeper.tails(5, names=("operator",)) and keeper.tails(5, names=("temporal",)) == ""

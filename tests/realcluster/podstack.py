@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,6 +48,59 @@ class Images:
 
 
 @dataclass
+class LogKeeper:
+    """Copies what the node's containers print, as it grows, to a directory that outlives their Pods: the kubelet
+    removes a Pod's logs with the Pod, and the story replaces the operator's and cluster-autoscaler's Pods."""
+
+    source: Path
+    dest: Path
+    every: float = 2.0
+    _offsets: dict[Path, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def copy(self) -> None:
+        """One pass: each log's new bytes appended to its copy (`<namespace>_<pod>/<container>.log`)."""
+        for log in self.source.glob("*/*/*.log"):
+            pod_dir, container = log.parent.parent.name, log.parent.name
+            target = self.dest / pod_dir.rsplit("_", 1)[0] / f"{container}.log"
+            with contextlib.suppress(OSError):
+                size = log.stat().st_size
+                done = self._offsets.get(log, 0)
+                if size <= done:
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with log.open("rb") as src, target.open("ab") as out:
+                    src.seek(done)
+                    out.write(src.read(size - done))
+                self._offsets[log] = size
+
+    def start(self) -> LogKeeper:
+        def run() -> None:
+            while not self._stop.wait(self.every):
+                self.copy()
+
+        self._thread = threading.Thread(target=run, name="log-keeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.copy()
+
+    def tails(self, lines: int, *, names: tuple[str, ...]) -> str:
+        """The last lines of each kept log whose Pod's name holds one of `names`."""
+        out = []
+        for log in sorted(self.dest.glob("*/*.log")):
+            if any(n in log.parent.name for n in names):
+                text = log.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {log.parent.name}/{log.name} (kept)\n" + "\n".join(text))
+        return "\n".join(out)
+
+
+@dataclass
 class PodStack:
     dir: Path
     with_operator_image: bool = True
@@ -60,6 +114,7 @@ class PodStack:
     machine_room_port: int = field(default_factory=free_port)
     room: MachineRoom | None = None
     previous_commit: str | None = None
+    logs: LogKeeper | None = None
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -136,6 +191,7 @@ class PodStack:
                 self.cluster.apiserver_extra_args += self.node.prepare(self.cluster.pki)
                 self.cluster.start()
                 self.node.start(self.cluster)
+                self.logs = LogKeeper(self.node.layout.pod_logs, self.dir / "kept-logs").start()
             with self.phase("cluster DNS"):
                 self.install_dns()
         except BaseException:
@@ -164,6 +220,9 @@ class PodStack:
         return self.room
 
     def stop(self) -> None:
+        if self.logs is not None:
+            self.logs.stop()
+            self.logs = None
         if self.room is not None:
             self.room.stop()
             self.room = None
@@ -178,6 +237,9 @@ class PodStack:
             self.registry.stop()
 
     def dump(self, lines: int = 60) -> None:
+        if self.logs is not None:
+            self.logs.copy()
+            print(self.logs.tails(lines, names=("homelab-autoscaler", "cluster-autoscaler", "temporal")))
         with contextlib.suppress(AttributeError):
             self.cluster.dump(lines)
         with contextlib.suppress(AttributeError):
