@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.realcluster import audit, inventory
+from tests.realcluster import audit, crds, inventory
 from tests.realcluster.certmanager import CertManager
 from tests.realcluster.cluster import cluster_autoscaler_binary, wait_until
 from tests.realcluster.conftest import FAILED
@@ -68,10 +68,16 @@ def pods(request: pytest.FixtureRequest) -> Iterator[PodStack]:
     print(f"\nreal node up in {time.monotonic() - began:.0f} s in {directory}")
     STATE["stack"] = stack
     yield stack
-    if request.session.stash.get(FAILED, []):
+    failed = bool(request.session.stash.get(FAILED, []))
+    if failed:
         stack.dump(80)
     stack.stop()
-    if not keep:
+    if keep or failed:  # what the Pods printed stays in kept-logs/ for whoever reads the failure
+        if not keep:  # the bulk (unpacked images, the registry's run files) goes
+            for bulky in ("node/containerd", "images", "registry", "previous"):
+                shutil.rmtree(directory / bulky, ignore_errors=True)
+        print(f"kept {directory}")
+    else:
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -329,11 +335,34 @@ def startup_pods_running(s: PodStack, new: list[dict[str, Any]]) -> bool:
     return all(f"{c['metadata']['name']}-startup" in running for c in new)
 
 
+def empty_machines(s: PodStack) -> list[str]:
+    """Machines with a live claim whose Node holds no workload Pod (Ready and idle, or still booting for nobody)."""
+    used = {p.spec.node_name for p in workload_pods(s) if p.spec.node_name}
+    return sorted(c["spec"]["node"] for c in live(s) if c["spec"]["node"] not in used)
+
+
+def settle(s: PodStack) -> None:
+    """Before a boot: no claim mid-boot and no machine idle, so the next machine the workload needs is a new one.
+    A machine idle here was booted by a scale-up the workload did not need (cluster-autoscaler asked twice for
+    one Pod): it is said, kept in the report, and waited out (cluster-autoscaler scales it down)."""
+    idle = empty_machines(s)
+    if idle:
+        print(f"\nidle before a boot, waiting for cluster-autoscaler to scale it down: {idle} ({summary(s)})")
+        EXTRA.extend(idle)
+    wait_until(f"no claim mid-boot and no machine idle ({summary(s)})",
+               lambda: not empty_machines(s) and not [c for c in live(s) if phase(c) != "ready"],
+               within=300)  # fmt: skip
+
+
+EXTRA: list[str] = []
+
+
 def boot(s: PodStack, replicas: int, what: str, *, during: Callable[[list[str]], None] | None = None,
          moment: Callable[[PodStack, list[dict[str, Any]]], bool] = answered) -> list[str]:  # fmt: skip
     """The workload grows to `replicas`: cluster-autoscaler asks for machines, each new claim boots through a real
     startup Job's Pod and ends ready, and the workload runs on them. `during(new claims)` runs once every new claim
     is at `moment` (by default mid-boot). Returns the new claims' names."""
+    settle(s)
     before = set(by_name(s))
     want = replicas - len(live(s))
     set_workload(s, replicas)
@@ -616,15 +645,14 @@ def test_the_homelab_mtls_overlay_with_the_harness_as_cert_manager(pods: PodStac
     server calls the NodeClaim admission webhook through its Service, and a machine boots through mTLS."""
     needs_autoscaler(pods)
     s = pods
-    crds = cert_manager_crds()
+    definitions = cert_manager_crds()
     overlay = pods.overlay("homelab-mtls", DEPLOY / "overlays" / "homelab-mtls",
                            {OPERATOR_IMAGE: s.images["homelab-autoscaler"]})  # fmt: skip
     ca_overlay = pods.overlay("cluster-autoscaler-mtls", DEPLOY / "cluster-autoscaler" / "mtls",
                               {CA_IMAGE: s.images["cluster-autoscaler"]})  # fmt: skip
     with s.phase("overlay homelab-mtls: switched, Ready"):
-        s.cluster.kubectl("apply", "--server-side", "-f", str(crds))
-        s.cluster.kubectl("wait", "--for=condition=Established", "crd/certificates.cert-manager.io",
-                          "crd/issuers.cert-manager.io", "--timeout=60s")  # fmt: skip
+        s.cluster.kubectl("apply", "--server-side", "-f", str(definitions))
+        crds.established(s.cluster, "certificates.cert-manager.io", "issuers.cert-manager.io")
         typed(s, "kubectl apply -k deploy/overlays/homelab-mtls", {"deploy/overlays/homelab-mtls": overlay})
         issuer = CertManager(s.cluster.admin, NS)
         waiting = issuer.reconcile()
@@ -654,6 +682,7 @@ def test_a_machine_that_never_boots_backs_its_group_off_and_spares_serve(pods: P
     needs_autoscaler(pods)
     s = pods
     assert s.room is not None
+    settle(s)
     busy = {c["spec"]["node"] for c in live(s)}
     (idle,) = [slot.name for slot in STORY.slots_of("workers") if slot.name not in busy]
     s.room.fail(idle, "on", times=5)
@@ -693,6 +722,9 @@ def test_the_workload_goes_and_every_machine_is_powered_off(pods: PodStack) -> N
                    every=3)  # fmt: skip
     for slot in was_on:
         assert 200 in [c.status for c in s.room.calls_of(slot, "off")], (slot, s.room.calls_of(slot, "off"))
+    # Every machine booted was one a Pod needed (cluster-autoscaler asked twice for one Pod before the provider
+    # kept a Node mid-boot out of its group: kubernetes/autoscaler#10245, docs/decisions.md).
+    assert not EXTRA, f"machines booted for nobody: {EXTRA}"
     writes = ("update", "patch", "delete")
     touched = {e.name for e in audit.read(s.cluster.audit_log)
                if e.user == audit.AUTOSCALER and e.resource == "nodes" and e.verb in writes}  # fmt: skip
@@ -708,6 +740,8 @@ def test_zz_the_machine_is_left_as_found(pods: PodStack) -> None:
     ours, theirs = inventory.left_behind(inventory.diff(STATE["before"], after), (PREFIX, str(pods.dir)))
     print("\nphase times:\n" + "\n".join(f"  {k}: {v:.0f} s" for k, v in pods.timings.items()))
     print("\ndocs/install.md's commands:\n" + "\n".join(f"  {c}  -- {how}" for c, how in GUIDE))
+    if EXTRA:
+        print(f"\nmachines booted for nobody (a second scale-up for one Pod), scaled down again: {EXTRA}")
     if BUSIEST.text:
         print(
             f"\nkubectl get pods -A -o wide at the story's busiest moment ({BUSIEST.when}, {BUSIEST.pods} "
