@@ -298,11 +298,12 @@ def kubernetes_endpoints(api_port: int) -> dict[str, Any]:
 
 
 def apiserver_args(layout: Layout, kubelet_client: pki.Pair) -> tuple[str, ...]:
-    """What the API server needs to reach this node: the egress door, and a client certificate for the kubelet."""
+    """What the API server needs to reach this node: the egress door, and a client certificate for the kubelet (the
+    cluster already prefers a node's InternalIP, which is this node's address in its namespace)."""
     cfg = layout.dir / "egress-selector.yaml"
     cfg.write_text(yaml.safe_dump(egress_selector_config(layout)))
     return (f"--egress-selector-config-file={cfg}", f"--kubelet-client-certificate={kubelet_client.cert}",
-            f"--kubelet-client-key={kubelet_client.key}", "--kubelet-preferred-address-types=InternalIP")  # fmt: skip
+            f"--kubelet-client-key={kubelet_client.key}")  # fmt: skip
 
 
 # --- the node ---------------------------------------------------------------------------------------------------------
