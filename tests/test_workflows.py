@@ -92,7 +92,7 @@ async def test_a_boot_told_its_node_is_ready_goes_on_without_reading_it_and_tell
         start = max(j for j in range(i) if kinds[j][0] == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
         end = next((j for j in range(i, len(kinds)) if kinds[j][0] == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED), i)
         batch = [a for _, a in kinds[start:end] if a]
-        # Local activities (generation 9 on) let one task run several calls: the record is among them.
+        # Local activities let one task run several calls: the record is among them.
         assert c.Act.RECORD_CLAIM in batch, f"event {i + 1}: the signal and its record in one task: {batch}"
     after_booting = [a for _, a in kinds[told[0] :] if a]
     assert c.Act.OPEN_GATE in after_booting
