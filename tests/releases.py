@@ -30,6 +30,7 @@ class Release:
 RELEASES: tuple[Release, ...] = (
     # The 0.2 line was never tagged: its last commit before 0.3.0 folded its workflow patches stands for it.
     Release("0.2.0a0", "", "d16e06029f7738a7524246af4f92bdb10a8e4e2c"),
+    Release("0.3.0", "v0.3.0", "c35c1300b72467b0fe80ef1d9dcd3c3cdd84da50"),
 )
 
 
