@@ -44,6 +44,8 @@ class Patch(StrEnum):
     COMPLETION_CITES_ITS_JOB = "claim-completion-cites-its-shutdown-job"
     FAILED_CLOSE_SAYS_WHERE = "claim-failed-close-says-where-to-look"
     TAKEN_OVER_WHOLE = "claim-taken-over-adopted-whole"
+    # 0.4.0
+    ERRORED_INSTANCE_NEVER_COMES_BACK = "errored-instance-never-comes-back"
 
 
 # The 0.2 line's last commit called itself 0.2.0a0: every patch of that line is dated by it.
@@ -74,4 +76,5 @@ INTRODUCED: dict[Patch, str] = {
     Patch.COMPLETION_CITES_ITS_JOB: LINE_0_2,
     Patch.FAILED_CLOSE_SAYS_WHERE: LINE_0_2,
     Patch.TAKEN_OVER_WHOLE: LINE_0_2,
+    Patch.ERRORED_INSTANCE_NEVER_COMES_BACK: "0.4.0",
 }
