@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real cluster-bins soak chaos bench bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real e2e-pods cluster-bins node-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -134,6 +134,18 @@ cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-
 e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~6 min)
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
+
+# The real node (kubelet, kube-proxy, CoreDNS, local-path-provisioner, the Pod sandbox), built from Go modules into the
+# same cache, keyed by tests/realcluster/versions.env.
+node-bins: ## build (or reuse) the real node's programs from the Go module proxy
+	tests/realcluster/build-node.sh
+
+# The product as a user installs it, on a real node (root; Debian's containerd, runc, CNI plugins, buildah...; the
+# packages are installed when missing): images built from the Dockerfile, deploy/ applied by docs/install.md's commands,
+# the story through real Pods. docs/realcluster.md, "The real node".
+e2e-pods: $(STAMP) cluster-bins node-bins ## the product's images and deploy/ on a real kubelet (root, ~15 min warm)
+	tests/realcluster/node-packages.sh
+	HOMELAB_E2E_PODS=1 $(BIN)/pytest -m realpods tests/realcluster -v -s -rs -p no:cacheprovider
 
 run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo
 	$(BIN)/homelab-autoscaler dev --simulate --demo

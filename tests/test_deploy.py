@@ -751,6 +751,25 @@ def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_pat
 
 
 @needs_kubectl
+@pytest.mark.parametrize("path", ["base", "overlays/homelab", "overlays/split", "overlays/homelab-mtls",
+                                  "overlays/temporal-cluster"])  # fmt: skip
+def test_the_operator_and_its_temporal_never_stand_on_a_machine_it_powers_off(path: str) -> None:
+    """Every workload of the operator and its Temporal may only run on the control plane (tolerating its taint) or
+    a node labelled homelab-autoscaler.dev/ground=true, and tells cluster-autoscaler never to evict it: a machine
+    the operator manages is never its ground (docs/decisions.md, "The operator's ground")."""
+    workloads = [d for d in render(path) if d["kind"] in ("Deployment", "StatefulSet")]
+    assert workloads
+    for doc in workloads:
+        pod = doc["spec"]["template"]
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        keys = [(e["key"], e["operator"]) for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]]
+        assert keys == [("node-role.kubernetes.io/control-plane", "Exists"), ("homelab-autoscaler.dev/ground", "In")]
+        assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "spec"]["tolerations"], doc["metadata"]["name"]  # fmt: skip
+        assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
+@needs_kubectl
 @pytest.mark.parametrize(
     ("overlay", "components"),
     [("overlays/temporal-cluster", ["split"]), ("overlays/homelab", ["split", "cert-manager", "admission"])],
