@@ -80,9 +80,10 @@ class Credentials:
 
     @property
     def values(self) -> list[str]:
-        """What must never be seen on a command line, in a log or an Event (the key's body lines count)."""
-        key_lines = [ln for ln in self.ssh_private_key.splitlines() if ln and not ln.startswith("-----")]
-        return [self.ipmi_password, self.redfish_password, self.plug_password, *key_lines]
+        """What must never be seen on a command line, in a log or an Event: the passwords and the private key's body
+        lines (but its first, the format's header and the public key, and a short last one, the padding)."""
+        body = [ln for ln in self.ssh_private_key.splitlines() if ln and not ln.startswith("-----")]
+        return [self.ipmi_password, self.redfish_password, self.plug_password, *[ln for ln in body[1:] if len(ln) >= 20]]
 
 
 @dataclass

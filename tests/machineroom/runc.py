@@ -53,7 +53,6 @@ def config(args: list[str], env: dict[str, str], rootfs: Path, netns: str, hostn
             "cwd": "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": False,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
         },
         "root": {"path": str(rootfs), "readonly": False},
         "hostname": hostname,
