@@ -15,7 +15,9 @@ ENABLED = os.environ.get("HOMELAB_E2E_POWER", "") not in ("", "0")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if ENABLED:
         return
-    skip = pytest.mark.skip(reason="the power methods against real BMCs run under `make e2e-power` (HOMELAB_E2E_POWER=1)")
+    skip = pytest.mark.skip(
+        reason="the power methods against real BMCs run under `make e2e-power` (HOMELAB_E2E_POWER=1)"
+    )
     for item in items:
         if "machineroom" in item.keywords:
             item.add_marker(skip)

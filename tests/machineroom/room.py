@@ -39,7 +39,8 @@ from tests.machineroom.peers import state
 from tests.realcluster import pki
 
 HERE = Path(__file__).resolve().parent
-PEERS = HERE / "peers"
+ROOT = HERE.parents[1]
+PEERS = "tests.machineroom.peers"
 IPMI_PORT, REDFISH_PORT, PLUG_PORT, SSH_PORT = 623, 443, 80, 22
 IPMI_USER, REDFISH_USER, PLUG_USER, SSH_USER = "ADMIN", "admin", "admin", "homelab"
 PowerHook = Callable[[str, bool], None]
@@ -76,14 +77,20 @@ class Credentials:
                                     serialization.NoEncryption()).decode()  # fmt: skip
         public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
         # IPMI v2 passwords are at most 20 bytes (ipmitool refuses a longer one): every password here is 17.
-        return cls(*(f"hlmr-{secrets.token_urlsafe(9)}" for _ in range(3)), private, public.decode())
+        ipmi, redfish, plug = (f"hlmr-{secrets.token_urlsafe(9)}" for _ in range(3))
+        return cls(ipmi, redfish, plug, private, public.decode())
 
     @property
     def values(self) -> list[str]:
         """What must never be seen on a command line, in a log or an Event: the passwords and the private key's body
         lines (but its first, the format's header and the public key, and a short last one, the padding)."""
         body = [ln for ln in self.ssh_private_key.splitlines() if ln and not ln.startswith("-----")]
-        return [self.ipmi_password, self.redfish_password, self.plug_password, *[ln for ln in body[1:] if len(ln) >= 20]]
+        return [
+            self.ipmi_password,
+            self.redfish_password,
+            self.plug_password,
+            *[ln for ln in body[1:] if len(ln) >= 20],
+        ]
 
 
 @dataclass
@@ -184,10 +191,14 @@ class MachineRoom:
         log = self.dir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(host.exec(*args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=self.dir)  # fmt: skip
+                                     start_new_session=True, cwd=self.dir, env=self._peer_env())  # fmt: skip
         proc = Proc(name, popen, log)
         self.procs.append(proc)
         return proc
+
+    def _peer_env(self) -> dict[str, str]:
+        """The peers run as modules of this repository (tests.machineroom.peers) under the room's Python."""
+        return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
 
     def _machine(self, spec: MachineSpec) -> None:
         os_host = self.lan.host(spec.name, address=False)
@@ -198,7 +209,7 @@ class MachineRoom:
         m = Machine(spec, os_host, bmc, directory)
         self.machines[spec.name] = m
         if spec.wol:
-            self._spawn(f"{spec.name}-nic", os_host, [str(self.peers_python), str(PEERS / "wol.py"), "eth0",
+            self._spawn(f"{spec.name}-nic", os_host, [str(self.peers_python), "-m", f"{PEERS}.wol", "eth0",
                                                       os_host.mac, str(directory)])  # fmt: skip
         if spec.bmc == "ipmi":
             self._ipmi(m)
@@ -213,7 +224,7 @@ class MachineRoom:
         (d / "persist").mkdir(parents=True, exist_ok=True)
         lan_conf = d / "lan.conf"
         lan_conf.write_text(ipmi_lan_conf(m.name, m.bmc.address, IPMI_USER, self.credentials.ipmi_password,
-                                          f"{self.peers_python} {PEERS / 'chassis_control.py'} {m.state}"))  # fmt: skip
+                                          f"{self.peers_python} -m {PEERS}.chassis_control {m.state}"))  # fmt: skip
         lan_conf.chmod(0o600)
         emu = d / "ipmisim.emu"
         emu.write_text(IPMI_EMU)
@@ -232,7 +243,7 @@ class MachineRoom:
                "htpasswd": str(htpasswd), "address": m.bmc.address, "port": REDFISH_PORT, "cert": str(serving.cert),
                "key": str(serving.key)}  # fmt: skip
         (d / "config.json").write_text(json.dumps(cfg))
-        self._spawn(f"{m.name}-sushy", m.bmc, [str(self.peers_python), str(PEERS / "redfish_bmc.py"),
+        self._spawn(f"{m.name}-sushy", m.bmc, [str(self.peers_python), "-m", f"{PEERS}.redfish_bmc",
                                                str(d / "config.json")])  # fmt: skip
 
     def _plug(self, m: Machine) -> None:
@@ -240,8 +251,8 @@ class MachineRoom:
         secret = m.state / "plug-password"
         secret.write_text(self.credentials.plug_password)
         secret.chmod(0o600)
-        self._spawn(f"{m.name}-plug", m.bmc, [str(self.peers_python), str(PEERS / "plug.py"), m.bmc.address,
-                                              str(PLUG_PORT), str(m.state), self.plug_device_id(m), str(secret)])  # fmt: skip
+        args = [m.bmc.address, str(PLUG_PORT), str(m.state), self.plug_device_id(m), str(secret)]
+        self._spawn(f"{m.name}-plug", m.bmc, [str(self.peers_python), "-m", f"{PEERS}.plug", *args])
 
     @staticmethod
     def plug_device_id(m: Machine) -> str:
@@ -256,8 +267,8 @@ class MachineRoom:
         key_file.write_bytes(host_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                                     serialization.NoEncryption()))  # fmt: skip
         key_file.chmod(0o600)
-        self.host_public_key = host_key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                                  serialization.PublicFormat.OpenSSH).decode()  # fmt: skip
+        public = host_key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        self.host_public_key = public.decode()
         (d / "authorized_keys").write_text(self.credentials.ssh_public_key + "\n")
         (d / "sshd_config").write_text(SSHD_CONFIG)
 
@@ -334,7 +345,8 @@ class MachineRoom:
                 id=f"hlmr-{self.run}-{m.name}-os", image_rootfs=self.machine_os, workdir=self.dir / "os" / m.name,
                 args=["/bin/sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e -f /etc/ssh/hlmr/sshd_config"],
                 netns=m.os.netns_path, hostname=m.name,
-                mounts=[runc.Mount(self.dir / "sshd", "/etc/ssh/hlmr"), runc.Mount(m.state / "os", "/run/hlmr", False)],
+                mounts=[runc.Mount(self.dir / "sshd", "/etc/ssh/hlmr"), runc.Mount(m.state / "os", "/run/hlmr", False),
+                        runc.Mount(self._hosts_file(m), "/etc/hosts")],
             ).start()  # fmt: skip
             with contextlib.suppress(AssertionError):
                 wait_until(f"{m.name}'s sshd", lambda: net.sh(*m.os.exec("ss", "-H", "-ltn", "sport = :22"),
@@ -342,6 +354,12 @@ class MachineRoom:
         m.os_up = True
         state.event(m.state, "os", "up")
         self._hook(m.name, True)
+
+    def _hosts_file(self, m: Machine) -> Path:
+        """The machine's /etc/hosts, naming itself as Debian's installer does (sudo looks its own name up)."""
+        path = m.state / "hosts"
+        path.write_text(f"127.0.0.1 localhost\n127.0.1.1 {m.name}\n{m.os.address} {m.name}\n")
+        return path
 
     def _os_down(self, m: Machine) -> None:
         was_up = m.os_up
@@ -472,4 +490,3 @@ def peers_python() -> Path:
     """The machine room's own Python (sushy-tools and bcrypt in it), made by tests/machineroom/setup.sh."""
     out = subprocess.run([str(HERE / "setup.sh"), "--where"], capture_output=True, text=True, timeout=30, check=True)
     return Path(out.stdout.strip()) / "bin" / "python"
-

@@ -66,8 +66,13 @@ def config(args: list[str], env: dict[str, str], rootfs: Path, netns: str, hostn
             *[_mount(m.destination, "bind", str(m.source), ["rbind", "ro" if m.readonly else "rw"]) for m in mounts],
         ],
         "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
-                           {"type": "network", "path": netns}],  # fmt: skip
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+                {"type": "network", "path": netns},
+            ],
             "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         },

@@ -2,7 +2,7 @@
 `<program> get power` and reads `power:<0|1>`; `<program> set power <0|1>` for power off/on; `<program> set
 shutdown 1` for a soft shutdown (`ipmitool chassis power soft`: the ACPI power button, which the OS handles).
 
-    python3 chassis_control.py <state-dir> get|set <name> [<value>] ...
+    python3 -m tests.machineroom.peers.chassis_control <state-dir> get|set <name> [<value>] ...
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import state  # noqa: E402  (a script beside its module, run by path)
+from tests.machineroom.peers import state
 
 
 def main(argv: list[str]) -> int:

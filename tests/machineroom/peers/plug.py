@@ -13,7 +13,7 @@ serves, as the firmware does:
 The plug feeds the machine: switching on restores AC, and a machine whose firmware powers on after AC loss boots;
 switching off cuts the power, and cutting it under a running OS is logged as the harm it is.
 
-    python3 plug.py <address> <port> <state-dir> <device-id> <password-file or "">
+    python3 -m tests.machineroom.peers.plug <address> <port> <state-dir> <device-id> <password-file or "">
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import state  # noqa: E402
+from tests.machineroom.peers import state
 
 RELAY = "relay"
 USER = "admin"
@@ -75,16 +74,16 @@ class Plug:
             return 400, {"code": -105, "message": f"Argument 'id', value {params.get('id')} not found!"}
         if method == "Switch.GetStatus":
             on = self.output
-            return 200, {"id": 0, "source": "http", "output": on, "apower": 38.4 if on else 0.0, "voltage": 230.1,
-                         "current": 0.17 if on else 0.0, "aenergy": {"total": 1234.5}, "temperature": {"tC": 31.2}}  # fmt: skip
+            watts, amps = (38.4, 0.17) if on else (0.0, 0.0)
+            return 200, {"id": 0, "source": "http", "output": on, "apower": watts, "voltage": 230.1, "current": amps,
+                         "aenergy": {"total": 1234.5}, "temperature": {"tC": 31.2}}  # fmt: skip
         if method == "Switch.Toggle":
             return 200, {"was_on": self.switch(not self.output)}
-        on = params.get("on")
-        if isinstance(on, str):
-            on = {"true": True, "false": False}.get(on)
-        if not isinstance(on, bool):
+        given = params.get("on")
+        wanted = {"true": True, "false": False}.get(given) if isinstance(given, str) else given
+        if not isinstance(wanted, bool):
             return 400, {"code": -103, "message": "Invalid argument 'on': expected boolean!"}
-        return 200, {"was_on": self.switch(on)}
+        return 200, {"was_on": self.switch(wanted)}
 
     # --- Digest authentication (RFC 7616, SHA-256), as the Gen2 firmware asks for it --------------------------
     def challenge(self) -> str:
@@ -125,23 +124,29 @@ def handler(plug: Plug) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _rpc(self, method: str, params: dict[str, Any], frame_id: Any = None) -> None:
-            if method != "Shelly.GetDeviceInfo" and not plug.authorized(self.command, self.headers.get("Authorization")):
+            if method != "Shelly.GetDeviceInfo" and not plug.authorized(
+                self.command, self.headers.get("Authorization")
+            ):
                 state.event(plug.machine, "plug", f"401 for {method}")
                 self._answer(401, {"code": 401, "message": "Unauthorized"}, {"WWW-Authenticate": plug.challenge()})
                 return
             code, result = plug.call(method, params)
             if frame_id is not None:
-                result = {"id": frame_id, "src": plug.device_id, **({"result": result} if code == 200 else {"error": result})}
+                result = {
+                    "id": frame_id,
+                    "src": plug.device_id,
+                    **({"result": result} if code == 200 else {"error": result}),
+                }
             self._answer(code, result)
 
-        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
             if not url.path.startswith("/rpc/"):
                 self._answer(404, {"code": 404, "message": "Not found"})
                 return
             self._rpc(url.path[len("/rpc/") :], dict(urllib.parse.parse_qsl(url.query)))
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if self.path != "/rpc":
                 self._answer(404, {"code": 404, "message": "Not found"})
                 return

@@ -10,7 +10,7 @@ What the harness adds around it, and nothing inside it:
 - a fault switch (`fault.json` in the state directory: `{"status": 503, "message": "...", "times": 1}`) answers the
   next POSTs to the Reset action with that status and a Redfish error body, as a busy or refusing BMC does.
 
-    python3 redfish_bmc.py <config.json>
+    python3 -m tests.machineroom.peers.redfish_bmc <config.json>
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import state  # noqa: E402
+from tests.machineroom.peers import state
 
 FAULT = "fault.json"
 StartResponse = Callable[..., Any]

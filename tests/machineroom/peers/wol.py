@@ -2,7 +2,7 @@
 the port or protocol) and wakes the machine when a frame holds the magic packet for its MAC (six 0xff bytes, then
 the MAC sixteen times), unless the firmware says the machine does not wake on LAN.
 
-    python3 wol.py <interface> <mac> <state-dir>
+    python3 -m tests.machineroom.peers.wol <interface> <mac> <state-dir>
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import state  # noqa: E402
+from tests.machineroom.peers import state
 
 ETH_P_ALL = 0x0003
 
