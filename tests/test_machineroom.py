@@ -5,7 +5,6 @@ configurations. What needs root and namespaces runs under `make e2e-power`."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
