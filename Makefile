@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e e2e-real e2e-power power-images cluster-bins soak chaos bench bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,9 +28,13 @@ $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
 
 # Temporal's sandbox imports workflow modules afresh for every workflow it starts: with bytecode on disk that is
 # a load, without it (PYTHONDONTWRITEBYTECODE, an editable install) a compile. Written explicitly, whatever the
-# environment says; Python recompiles in memory any file edited since.
+# environment says; Python recompiles in memory any file edited since. The tests too: every pytest-xdist worker
+# imports them all, and pytest's assertion rewriting of the test modules (its own bytecode, which it only reads
+# under PYTHONDONTWRITEBYTECODE) was half of each worker's start.
 bytecode:
-	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider admission homelab_autoscaler proto sim/homelab_sim bench
+	$(BIN)/python -m compileall -q api domain workflows activities kube watchers provider admission homelab_autoscaler proto sim/homelab_sim bench tests
+	@test ! -x $(BIN)/pytest || env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -q -p no:cacheprovider --collect-only >/dev/null \
+		|| echo "make bytecode: pytest could not collect the tests; their bytecode is left to the first run"
 
 lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the layers)
 	$(BIN)/ruff check .
@@ -40,8 +44,19 @@ lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the 
 typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
-unit: $(STAMP) ## the whole pytest suite (~5 min on 2 cores)
-	$(BIN)/pytest
+# The suite in two parts: the independent tests spread over TEST_WORKERS pytest-xdist workers (most of them wait on
+# servers and processes, so more workers than cores), each handed one test at a time, the `long` ones first
+# (tests/conftest.py); then the tests marked `serial` in one process (they read what the whole run did, or are
+# timed against a deadline). Each part prints its ten slowest tests; both always run, and a failure in either
+# fails the target.
+TEST_WORKERS ?= 4
+unit: $(STAMP) ## the whole pytest suite: in parallel, then the serial tests (~7 min of CPU time on 2 cores)
+	@usage=$$(mktemp -d) && trap 'rm -rf "$$usage"' EXIT && export HOMELAB_RBAC_USAGE="$$usage" && \
+	echo "$(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial' --durations=10" && \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m 'not serial' --durations=10; parallel=$$?; \
+	echo "$(BIN)/pytest -m serial --durations=10" && \
+	$(BIN)/pytest -p no:xdist -m serial --durations=10; serial=$$?; \
+	test $$parallel -eq 0 && test $$serial -eq 0
 
 test: lint typecheck unit ## what CI runs: lint, typecheck, every test
 
@@ -76,8 +91,8 @@ soak: $(STAMP) ## the model-based adversary for SOAK_MINUTES
 		$(BIN)/pytest -q -s -p no:cacheprovider tests/test_model.py
 
 # The chaos suite (tests/chaos.py): the roles as processes, kill -9s, API faults, a Temporal outage, Temporal's database
-# wiped; prints the table.
-CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60 --wipes 2
+# wiped (each wipe timed into a running Job of a machine whose Jobs take --slow-jobs seconds); prints the table.
+CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60 --wipes 2 --slow-jobs 150
 chaos: $(STAMP) ## the chaos suite: real processes, kill -9s, API faults, an outage, database wipes
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
@@ -93,13 +108,19 @@ e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 
 # The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~10 min cold, seconds when cached
 # in ~/.cache/homelab-autoscaler/cluster-bins/<versions>): kube-apiserver, controller-manager, scheduler, kubectl,
-# etcd and KWOK. tests/realcluster/versions.env holds the versions.
-cluster-bins: ## build (or reuse) the real control plane's binaries from the Go module proxy
+# etcd, KWOK and helm; and cluster-autoscaler, from the module proxy or else from the source tarball
+# HOMELAB_CLUSTER_AUTOSCALER_SOURCE names (.ci/run finds it in ../shared). tests/realcluster/versions.env holds the
+# versions and the tarball's sha256.
+cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-autoscaler
 	tests/realcluster/build.sh
 
-# The story on that control plane, driven by cluster-autoscaler (the real one when one can be had, else the
-# project's stand-in: the run's first line says which), with the RBAC audit and the emulator-versus-real diff.
-e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~10 min)
+# The story on that control plane, driven by cluster-autoscaler with deploy/cluster-autoscaler's flags (the real one
+# when one can be had, else the project's stand-in: the run's first line says which; HOMELAB_E2E_DRIVER=ca, as CI
+# sets it, fails a run without the real one), with the RBAC audit and the emulator-versus-real diff.
+# First the Helm chart against deploy/ (tests/test_chart.py): `make test` skips it until helm is built, here a
+# missing binary fails it.
+e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~6 min)
+	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 # The power examples against real BMCs (issue 31; root, network namespaces, runc): tests/machineroom/setup.sh installs
@@ -112,6 +133,18 @@ power-images: ## build (or reuse) the power examples' images and the machine roo
 
 e2e-power: $(STAMP) power-images ## every power example against its real protocol, in a machine room of namespaces
 	HOMELAB_E2E_POWER=1 $(BIN)/pytest -m machineroom tests/machineroom -v -s -rs -p no:cacheprovider
+
+# The real node (kubelet, kube-proxy, CoreDNS, local-path-provisioner, the Pod sandbox), built from Go modules into the
+# same cache, keyed by tests/realcluster/versions.env.
+node-bins: ## build (or reuse) the real node's programs from the Go module proxy
+	tests/realcluster/build-node.sh
+
+# The product as a user installs it, on a real node (root; Debian's containerd, runc, CNI plugins, buildah...; the
+# packages are installed when missing): images built from the Dockerfile, deploy/ applied by docs/install.md's commands,
+# the story through real Pods. docs/realcluster.md, "The real node".
+e2e-pods: $(STAMP) cluster-bins node-bins ## the product's images and deploy/ on a real kubelet (root, ~15 min warm)
+	tests/realcluster/node-packages.sh
+	HOMELAB_E2E_PODS=1 $(BIN)/pytest -m realpods tests/realcluster -v -s -rs -p no:cacheprovider
 
 run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo
 	$(BIN)/homelab-autoscaler dev --simulate --demo

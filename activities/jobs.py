@@ -94,11 +94,14 @@ def _volumes(mounts: list[VolumeMount]) -> tuple[list[JSON], list[JSON]]:
     return volumes, volume_mounts
 
 
-def build_job(slot: Node, job_type: JobType | str, name: str, claim_name: str, claim_uid: str) -> JSON:
+def build_job(
+    slot: Node, job_type: JobType | str, name: str, claim_name: str, claim_uid: str, attempt: int = 0
+) -> JSON:
     """The batch/v1 Job that runs the slot's `job_type` pod spec under the deterministic `name`.
 
-    `claim_name` empty means a law-3 release (the slot alone owns the Job). A `job_type` that is not startup or
-    shutdown raises ValueError.
+    `claim_name` empty means a law-3 release (the slot alone owns the Job). `attempt` (a shutdown Job's number in
+    its streak) is annotated on the Job, so a run that takes the claim over counts it once. A `job_type` that is
+    not startup or shutdown raises ValueError.
     """
     kind = JobType(job_type)
     pod = pod_spec_of(slot, kind)
@@ -144,15 +147,18 @@ def build_job(slot: Node, job_type: JobType | str, name: str, claim_name: str, c
     dns_policy = pod.dns_policy or ("ClusterFirstWithHostNet" if pod.host_network else None)
     if dns_policy is not None:
         pod_spec["dnsPolicy"] = dns_policy
+    metadata: JSON = {
+        "name": name,
+        "namespace": slot.metadata.namespace,
+        "labels": labels,
+        "ownerReferences": owner_references(slot, claim_name, claim_uid),
+    }
+    if attempt > 0:
+        metadata["annotations"] = {names.ANNOTATION_SHUTDOWN_ATTEMPT: str(attempt)}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": slot.metadata.namespace,
-            "labels": labels,
-            "ownerReferences": owner_references(slot, claim_name, claim_uid),
-        },
+        "metadata": metadata,
         "spec": {
             "backoffLimit": pod.backoff_limit if pod.backoff_limit is not None else names.JOB_BACKOFF_LIMIT,
             "activeDeadlineSeconds": (

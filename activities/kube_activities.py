@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from api import names
 from api.names import Failure, JobType
 from api.v2alpha1 import ClaimDigest, Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
 from kube import views
-from kube.adapter import CLAIMS, GROUPS, SLOTS, Kube, ObjectRef
+from kube.adapter import CLAIMS, GROUPS, JOBS, SLOTS, Kube, ObjectRef
 from kube.errors import Invalid, KubeError, NotFound
 from kube.objects import meta as _meta
 from kube.objects import spec as _spec
@@ -186,18 +187,8 @@ class KubeActivities:
             metadata=ObjectMeta(
                 name=seed.name,
                 namespace=seed.namespace,
-                labels={
-                    names.LABEL_NODE: names.label_value(seed.slot),
-                    names.LABEL_GROUP: names.label_value(seed.group),
-                },
-                owner_references=[
-                    OwnerReference(
-                        api_version=names.API_VERSION,
-                        kind=names.KIND_NODE,
-                        name=seed.slot,
-                        uid=slot_uid,
-                    )
-                ],
+                labels=_claim_labels(seed.slot, seed.group),
+                owner_references=[_slot_owner(seed.slot, slot_uid)],
             ),
             spec=NodeClaimSpec(
                 node=seed.slot,
@@ -243,6 +234,8 @@ class KubeActivities:
                     written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"status": dict(status)}, status=True)
                 if w.spec:
                     written = self.kube.patch_raw(CLAIMS, w.namespace, w.name, {"spec": dict(w.spec)})
+                if w.identity is not None:
+                    written = self._carry_identity(w.namespace, w.name, w.identity)
                 if w.release_finalizer:
                     self.kube.remove_claim_finalizer(w.namespace, w.name)
             except NotFound:
@@ -253,9 +246,33 @@ class KubeActivities:
             if w.event_reason:
                 ref = ObjectRef(names.KIND_NODECLAIM, w.namespace, w.name, str(_meta(written).get("uid") or ""))
                 self.kube.create_event(
-                    ref, w.event_reason, event_message, warning=w.warning, now=self.clock(), occurrence=_occurrence()
+                    ref,
+                    w.event_reason,
+                    event_message,
+                    warning=w.warning,
+                    now=self.clock(),
+                    occurrence=_occurrence(),
+                    fact=w.event_fact,
                 )
         return revision
+
+    def _carry_identity(self, namespace: str, name: str, identity: c.ClaimIdentity) -> JSON:
+        """The labels, slot owner and deadline a claim the group creates carries, written where this one lacks them
+        (one write, none when nothing is missing). A slot that is gone owns nothing: its claim hears so."""
+        owner: JSON | None = None
+        try:
+            slot_uid = str(_meta(self.kube.get_raw(SLOTS, namespace, identity.slot)).get("uid") or "")
+        except NotFound:
+            slot_uid = ""
+        if slot_uid:
+            owner = _slot_owner(identity.slot, slot_uid).model_dump(by_alias=True, exclude_none=True, mode="json")
+        return self.kube.carry_identity(
+            namespace,
+            name,
+            labels=_claim_labels(identity.slot, identity.group),
+            owner=owner,
+            deadline_at=_rfc3339(identity.deadline_at),
+        )
 
     def _last_words(self, namespace: str, job: str) -> str:
         """`LAST_WORDS_MARK` and the termination message of the failed Job `job`, or "" when it has none. Read here,
@@ -328,7 +345,7 @@ class KubeActivities:
             except NotFound as exc:
                 raise _fail(NOT_FOUND, f"{what}: claim {req.namespace}/{req.claim} is gone") from exc
             claim_uid = str(_meta(claim).get("uid") or "")
-        body = build_job(slot, job_type, name, req.claim, claim_uid)
+        body = build_job(slot, job_type, name, req.claim, claim_uid, req.attempt)
         try:
             self.kube.create_job(req.namespace, body)
         except Invalid as exc:  # the API server refused the Job: its name, labels or the pod spec it carries
@@ -428,7 +445,7 @@ class KubeActivities:
             ref = ObjectRef(names.KIND_NODE, ev.namespace, ev.slot, uid)
             message = f"{ev.message}{self._last_words(ev.namespace, ev.last_words_of)}"
             self.kube.create_event(
-                ref, ev.reason, message, warning=ev.warning, now=self.clock(), occurrence=_occurrence()
+                ref, ev.reason, message, warning=ev.warning, now=self.clock(), occurrence=_occurrence(), fact=ev.fact
             )
 
     # --- the group ---------------------------------------------------------------------------------------
@@ -448,6 +465,8 @@ class KubeActivities:
             slots = [s for s in self.kube.list_raw(SLOTS, ref.namespace)[0] if _spec(s).get("group") == ref.group]
             claims = [cl for cl in self.kube.list_raw(CLAIMS, ref.namespace)[0] if _spec(cl).get("group") == ref.group]
             nodes = {str(_meta(n).get("name")): n for n in self.kube.list_nodes()}
+            # The lifecycle Jobs, so a claim taken over adopts its own (a lost run's Job may still be running).
+            jobs = self.kube.list_raw(JOBS, ref.namespace, f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}")[0]
         now = self.clock()
         taints = readiness_taints(group)
         slot_views: list[c.SlotView] = []
@@ -482,7 +501,10 @@ class KubeActivities:
             elif node is None and template is None:
                 template = template_from_status(slot_name, node_name, _status(slot).get("nodeTemplate"))
         found = views.group_spec(group)
-        claim_views = [views.claim_view(cl, now) for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))]
+        claim_views = [
+            _with_jobs(views.claim_view(cl, now), cl, jobs, now)
+            for cl in sorted(claims, key=lambda x: str(_meta(x).get("name")))
+        ]
         common: dict[str, Any] = {
             "namespace": ref.namespace,
             "name": ref.group,
@@ -513,6 +535,27 @@ class KubeActivities:
                 )
             except NotFound:
                 activity.logger.info("%s: the Group is gone", what)
+
+
+def _with_jobs(view: c.ClaimView | None, claim: JSON, jobs: list[JSON], now: datetime) -> c.ClaimView | None:
+    """A claim's view with its own Jobs in its record (a claim no run ever recorded has made none)."""
+    if view is None or view.record is None:
+        return view
+    return replace(view, record=replace(view.record, jobs=views.claim_jobs(claim, jobs, now)))
+
+
+def _slot_owner(slot: str, uid: str) -> OwnerReference:
+    """The slot as a claim's owner, not its controller (the claim's workflow is): deleting the slot takes it along."""
+    return OwnerReference(api_version=names.API_VERSION, kind=names.KIND_NODE, name=slot, uid=uid)
+
+
+def _claim_labels(slot: str, group: str) -> dict[str, str]:
+    """The labels of a claim: its slot's and group's names, bounded to label values (`kubectl get -l` finds it)."""
+    return {names.LABEL_NODE: names.label_value(slot), names.LABEL_GROUP: names.label_value(group)}
+
+
+def _rfc3339(when: datetime | None) -> str | None:
+    return None if when is None else when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _count(value: Any) -> int:

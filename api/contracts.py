@@ -67,6 +67,15 @@ def release_episode(slot: str, entropy: str) -> str:
     return f"{bounded(slot, OWNER_NAME_MAX - len(tail))}{tail}"
 
 
+def job_sequence(name: str, job_type: str) -> int:
+    """The number in a lifecycle Job's name (`-<type>` is 1, `-<type>-<n>` is n); 0 for a name of another form."""
+    head, sep, tail = name.rpartition(f"-{job_type}")
+    if sep and head and not tail:
+        return 1
+    head, sep, number = name.rpartition(f"-{job_type}-")
+    return int(number) if sep and head and number.isdigit() else 0
+
+
 def job_name(owner: str, job_type: str, sequence: int) -> str:
     """Deterministic Job names: a retried activity finds its Job instead of making a second one.
 
@@ -144,6 +153,20 @@ class ConditionRecord:
 
 
 @dataclass(frozen=True)
+class JobRecord:
+    """One of a claim's own lifecycle Jobs as the cluster holds it (found by its owner, else its labels): what a run
+    taking the claim over adopts instead of firing a Job of its own beside it. Names and numbers only."""
+
+    name: str
+    job_type: str
+    state: str  # JOB_RUNNING, JOB_SUCCEEDED or JOB_FAILED
+    reason: str = ""  # the Job's own reason for failing (DeadlineExceeded: a timeout)
+    age_seconds: float = 0.0  # since its creation, when it was read (the reader's clock and the API server's agree)
+    attempt: int = 0  # a shutdown Job's number in its streak, as its creator annotated it (0: not said)
+    sequence: int = 0  # the number in its name (`-shutdown-<n>`; 1 for the first)
+
+
+@dataclass(frozen=True)
 class ClaimRecord:
     """What a claim resource holds of the runs that wrote it: a run started from the resource (a claim taken over
     after its workflow was lost) continues this record instead of starting one of its own."""
@@ -154,6 +177,8 @@ class ClaimRecord:
     last_shutdown_attempt_at: datetime | None = None
     finished_at: datetime | None = None
     conditions: tuple[ConditionRecord, ...] = ()
+    # Generation 10: the claim's own lifecycle Jobs (a lost run's startup or shutdown Job may still be running).
+    jobs: tuple[JobRecord, ...] = ()
 
     def condition(self, kind: str) -> ConditionRecord | None:
         return next((cond for cond in self.conditions if cond.type == kind), None)
@@ -236,6 +261,16 @@ class JobFinished:
 
 
 @dataclass(frozen=True)
+class ClaimIdentity:
+    """What a claim the group creates carries besides its status: the slot and group labels (bounded names), the
+    slot as a non-controller owner (deleting the slot takes the claim along), and `spec.deadlineAt` while it boots."""
+
+    slot: str
+    group: str
+    deadline_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class StatusWrite:
     """A projection of claim state onto the resource, then one Event once the write landed."""
 
@@ -254,6 +289,12 @@ class StatusWrite:
     # A failed Job whose Pod's termination message the activity reads and adds (after `LAST_WORDS_MARK`) to the
     # status message and the Event: the workflow names the Job, the text never enters its history.
     last_words_of: str = ""
+    # Generation 10: the fact the Event says, when more than one run may say it (a spent streak, a scale-down's
+    # start): an Event of the object with the same reason and fact is that Event already, and none is added.
+    event_fact: str = ""
+    # Generation 10: what every live claim carries (labels, its slot as owner, a deadline), for a claim a run holds
+    # for the first time (applied by hand, or taken over): written where the object lacks it.
+    identity: ClaimIdentity | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +316,7 @@ class SlotEvent:
     message: str
     warning: bool = False
     last_words_of: str = ""  # a failed Job whose termination message the activity adds to the Event (see StatusWrite)
+    fact: str = ""  # what the Event says when more than one run may say it (see StatusWrite.event_fact)
 
 
 # --- jobs -------------------------------------------------------------------------------------------------
@@ -288,6 +330,7 @@ class JobRequest:
     sequence: int = 1
     claim: str = ""
     name: str = ""  # the Job's name when the caller chose it (a release names its episode); else job_name()
+    attempt: int = 0  # a shutdown Job's number in its streak, annotated on the Job (a run taking over reads it)
 
 
 @dataclass(frozen=True)
@@ -462,6 +505,11 @@ class Instance:
     error_code: str = ""
     error_class: int = 0
     error_message: str = ""
+
+
+def mid_boot(instances: list[Instance], slot: str) -> bool:
+    """Whether `slot` is booting among a group's instances: creating, and not a failed claim's errored instance."""
+    return any(i.slot == slot and i.state == "creating" and not i.error_code for i in instances)
 
 
 class Act:

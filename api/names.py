@@ -30,6 +30,12 @@ ANNOTATION_CLAIM_CALL = f"{GROUP}/call"
 # Set (to an RFC 3339 time) on a slot to restart its boot-attempt streak: the claims before it no longer count.
 ANNOTATION_RESET_ATTEMPTS = f"{GROUP}/reset-attempts"
 ANNOTATION_TEMPLATE_SNAPSHOT_AT = f"{GROUP}/template-snapshot-at"
+# Set (to an RFC 3339 time) on a slot or its Group to start a new period of the usage figures once that time has come.
+ANNOTATION_RESET_USAGE = f"{GROUP}/reset-usage"
+# On a shutdown Job: its number in its claim's (or release's) shutdown streak, read back by a run taking over.
+ANNOTATION_SHUTDOWN_ATTEMPT = f"{GROUP}/shutdown-attempt"
+# On an Event: the fact it says, when more than one run may say it; one Event per object, reason and fact.
+ANNOTATION_EVENT_FACT = f"{GROUP}/fact"
 
 FINALIZER_CLAIM = f"{GROUP}/claim"
 
@@ -99,6 +105,19 @@ class PowerState(StrEnum):
 
     ON = "on"
     OFF = "off"
+
+
+class UsageState(StrEnum):
+    """What a slot's time is counted as in its usage figures (`status.usage`): the report and the observed power.
+
+    `on` and `draining` are the time its kubelet was Ready (observed on); `off` and `booting` the rest. `booting`
+    is a machine wanted and not up yet (its kubelet not Ready): a boot's own draw is the slot's `bootWattHours`.
+    """
+
+    ON = "on"
+    OFF = "off"
+    BOOTING = "booting"
+    DRAINING = "draining"
 
 
 class NodeState(StrEnum):
@@ -223,6 +242,9 @@ class EventReason(StrEnum):
     CLAIM_TAKEN_OVER = "ClaimTakenOver"
     SHUTDOWN_STREAK_RESET = "ShutdownStreakReset"
     STATUS_OVERWRITTEN = "StatusOverwritten"
+    # A slot's usage figures started a new period (the reset-usage annotation); an annotation that is no time.
+    USAGE_RESET = "UsageReset"
+    INVALID_ANNOTATION = "InvalidAnnotation"
 
 
 class Failure(StrEnum):

@@ -39,6 +39,7 @@ from api.names import (
     PowerState,
     Report,
     TaintEffect,
+    UsageState,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "ConditionStatus",
     "ConfigMapEnvSource",
     "DNSPolicy",
+    "DrawFigures",
     "Duration",
     "EnvFromSource",
     "EnvVar",
@@ -55,6 +57,7 @@ __all__ = [
     "Group",
     "GroupSpec",
     "GroupStatus",
+    "GroupUsage",
     "KeySelector",
     "MinimalPodSpec",
     "Node",
@@ -67,15 +70,18 @@ __all__ = [
     "ObjectMeta",
     "OwnerReference",
     "PodSpecTemplate",
+    "PowerDraw",
     "Pricing",
     "Resource",
     "ResourceRequirements",
     "SecretEnvSource",
+    "SlotUsage",
     "Taint",
     "TerminationMessagePolicy",
     "Time",
     "Toleration",
     "Transition",
+    "UsageFigures",
     "VolumeMount",
     "format_duration",
     "load",
@@ -349,6 +355,44 @@ _DEFAULT_READINESS_TAINTS_JSON: list[JsonValue] = [
 ]
 
 
+# --- what a machine draws, and what it did ---------------------------------------------------------------
+# Bounds of the draw figures: no homelab machine draws 100 kW or spends 10 kWh on one boot; past them is a typo (a
+# figure in mW, a missing decimal point), refused rather than turned into an energy figure.
+MAX_WATTS = 100_000.0
+MAX_BOOT_WATT_HOURS = 10_000.0
+
+#: A non-negative, finite number of watts (or watt-hours); a string is refused, as the API server refuses it.
+_Watts = Annotated[float, Field(ge=0, le=MAX_WATTS, allow_inf_nan=False, strict=True)]
+_WattHours = Annotated[float, Field(ge=0, le=MAX_BOOT_WATT_HOURS, allow_inf_nan=False, strict=True)]
+
+
+class PowerDraw(_Spec):
+    """What a machine draws, so its usage figures include energy: watts while on and while off (standby), and the
+    watt-hours one boot costs above standby until its kubelet is Ready. A slot's fields override its Group's, one
+    by one; energy is reported only when all three are known (a figure nobody gave is never assumed).
+    """
+
+    on_watts: _Watts | None = Field(default=None, description="Watts drawn while the machine is on (at most 100000).")
+    off_watts: _Watts | None = Field(
+        default=None, description="Watts drawn while it is off: standby, wake-on-LAN, BMC (at most 100000)."
+    )
+    boot_watt_hours: _WattHours | None = Field(
+        default=None,
+        description="Watt-hours (Wh) one boot costs above standby, from the wake-up until its kubelet is Ready "
+        "(at most 10000); 0 if a boot costs nothing more.",
+    )
+
+    def over(self, base: PowerDraw | None) -> PowerDraw:
+        """These figures where given, `base`'s elsewhere (a slot's draw over its Group's)."""
+        if base is None:
+            return self
+        return base.model_copy(update={name: getattr(self, name) for name in self.model_fields_set})
+
+    def missing(self) -> list[str]:
+        """The figures energy needs that are not given, by their API names."""
+        return [str(info.alias) for name, info in type(self).model_fields.items() if getattr(self, name) is None]
+
+
 #: A Kubernetes resource quantity ("4", "500m", "16Gi", "1e3"), as the API server's own pattern checks it.
 CAPACITY_QUANTITY = Annotated[
     str,
@@ -427,12 +471,73 @@ class GroupSpec(_Spec):
         description="Capacity of the template node while none of the group's machines has registered a Node yet "
         "(cpu, memory, pods...): without it a new group cannot be scaled up from zero. A machine seen since wins.",
     )
+    power_draw: PowerDraw | None = Field(
+        default=None,
+        description="What each machine of the group draws (a slot's own powerDraw overrides it field by field), "
+        "for the energy in the usage figures; unset: hours only.",
+    )
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> Self:
         if self.min_size > self.max_size:
             raise ValueError(f"minSize ({self.min_size}) must not exceed maxSize ({self.max_size})")
         return self
+
+
+class UsageFigures(_Status):
+    """Seconds by usage state, boots and shutdowns, and energy when the draw is known, since `since`."""
+
+    since: Time | None = Field(default=None, description="When the period these figures cover began.")
+    counted_to: Time | None = Field(default=None, description="When they were last counted (the writer's clock).")
+    on_seconds: int = Field(default=0, ge=0, description="Seconds observed on (kubelet Ready) and not draining.")
+    off_seconds: int = Field(default=0, ge=0, description="Seconds observed off with no machine wanted.")
+    booting_seconds: int = Field(
+        default=0, ge=0, description="Seconds a machine was wanted and not up yet (kubelet not Ready)."
+    )
+    draining_seconds: int = Field(default=0, ge=0, description="Seconds observed on while being let go.")
+    unobserved_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Seconds no watcher observed (past one flush interval of an operator outage): in no state.",
+    )
+    boots: int = Field(default=0, ge=0, description="Times the machine was observed to come on (kubelet Ready).")
+    shutdowns: int = Field(default=0, ge=0, description="Times it was observed to go off.")
+    off_percent: float | None = Field(
+        default=None, description="Share of the observed time spent off or booting (kubelet not Ready), in percent."
+    )
+    energy_used_wh: float | None = Field(
+        default=None, description="Energy used in the period, in Wh (unset without a whole powerDraw)."
+    )
+    energy_always_on_wh: float | None = Field(
+        default=None, description="Energy the same machines would have used always on, in Wh."
+    )
+    energy_saved_wh: float | None = Field(
+        default=None, description="energyAlwaysOnWh - energyUsedWh, in Wh (negative when boots cost more)."
+    )
+
+
+class DrawFigures(_Status):
+    """The draw a slot's energy figures were computed with (its powerDraw over its Group's)."""
+
+    on_watts: float | None = None
+    off_watts: float | None = None
+    boot_watt_hours: float | None = None
+
+
+class SlotUsage(UsageFigures):
+    """What the slot's machine did, counted by the watchers from what they observe (docs/operations.md)."""
+
+    state: UsageState | None = Field(default=None, description="The usage state at countedTo.")
+    reset_at: Time | None = Field(default=None, description="The reset-usage request this period began with.")
+    draw: DrawFigures | None = Field(default=None, description="The draw the energy was computed with.")
+    energy_note: str | None = Field(default=None, description="Why there is no energy figure, when there is none.")
+
+
+class GroupUsage(UsageFigures):
+    """The sums of the group's slots' usage figures, counted at one instant (`countedTo`)."""
+
+    energy_slots: int = Field(default=0, ge=0, description="Slots whose draw is known (counted in the energy).")
+    summary: str = Field(default="", description="The figures in one line, for kubectl describe.")
 
 
 class GroupStatus(_Status):
@@ -446,6 +551,9 @@ class GroupStatus(_Status):
     last_scale_action: str | None = Field(default=None, description="What that change was, in words.")
     conditions: list[Condition] = Field(
         default_factory=list, description="Valid (the spec can be used) and Healthy, with reasons."
+    )
+    usage: GroupUsage | None = Field(
+        default=None, description="Machine-hours, boots and energy of the group's slots, summed by the watchers."
     )
 
 
@@ -673,6 +781,11 @@ class NodeSpec(_Spec):
     startup_pod_spec: PodSpecTemplate = Field(description="The Job that powers the machine on.")
     shutdown_pod_spec: PodSpecTemplate = Field(description="The Job that powers the machine off.")
     pricing: Pricing | None = Field(default=None, description="What the machine costs, for the price expander.")
+    power_draw: PowerDraw | None = Field(
+        default=None,
+        description="What the machine draws (over its Group's powerDraw, field by field), for the energy in the "
+        "usage figures; unset: hours only.",
+    )
     taints_to_remove: list[Taint] = Field(
         default_factory=list, description="Taints removed from the node when its claim becomes ready."
     )
@@ -743,6 +856,9 @@ class NodeStatus(_Status):
     observed_generation: int | None = Field(default=None, ge=0, description="The spec generation last reported on.")
     node_template: NodeTemplate | None = Field(
         default=None, description="The kubelet Node as last seen, for scale-from-zero."
+    )
+    usage: SlotUsage | None = Field(
+        default=None, description="Machine-hours, boots and energy since a reset, counted by the watchers."
     )
 
 

@@ -64,6 +64,13 @@ class Timings:
     # A slot's report waits this long after the first event that made it dirty, so what changes together (a move's
     # phase, its Job, the machine's power) is written together. Reports are output only.
     report_coalesce: timedelta = timedelta(seconds=1)
+    # A slot's usage figures (seconds by state, boots, energy): every slot's time is counted this often (what the
+    # /metrics counters lag by at most), and written to its status at least every flush interval (else only with a
+    # report write). A writer that starts credits at most one flush interval since the last write to the state
+    # written then (what the writer before it saw and had not written yet); the rest of a longer outage is
+    # `unobservedSeconds`, never a state.
+    usage_tick: timedelta = timedelta(seconds=30)
+    usage_flush_interval: timedelta = timedelta(minutes=5)
 
 
 TIMINGS = Timings()

@@ -1,13 +1,17 @@
 """The scripted demo of `make run`: cluster-autoscaler's calls, made over gRPC like cluster-autoscaler makes
 them, against the simulated homelab. It scales the group up by two, waits for ready, scales one node down, and
 shows one failed boot (the example homelab's worker-3 has a broken wake-up), then prints each claim's page in
-the Web UI. Every wait is bounded and says what it waits for."""
+the Web UI and what the machines' time off saved: the operator's usage figures beside the simulated homelab's own
+record over the same windows, and `kubectl get groups` as the API server's Table has it. Every wait is bounded and
+says what it waits for."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +20,8 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 
 from api import contracts as c
+from api import names
+from api.v2alpha1 import GroupUsage, SlotUsage
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 
@@ -93,8 +99,16 @@ async def run_demo(provider_address: str, group: str = "workers") -> None:
         say(f"failed boot on {bad.id}: {err.errorCode} (class {err.instanceErrorClass}): {err.errorMessage}")
 
 
-async def demo_task(client: Client, provider_address: str, ui_url: str, settings_namespace: str) -> None:
-    """The demo as `dev --demo` runs it: the calls, then the UI link of every claim."""
+async def demo_task(
+    client: Client,
+    provider_address: str,
+    ui_url: str,
+    settings_namespace: str,
+    kube_url: str | None = None,
+    namespace: str = "homelab-autoscaler-system",
+) -> None:
+    """The demo as `dev --demo` runs it: the calls, then the UI link of every claim, then (on the simulated homelab,
+    `kube_url`) what the time off saved."""
     try:
         await run_demo(provider_address)
     except (TimeoutError, grpc.aio.AioRpcError) as err:
@@ -107,6 +121,11 @@ async def demo_task(client: Client, provider_address: str, ui_url: str, settings
         f"all claims: {ui_url}/namespaces/{settings_namespace}/workflows?query="
         + urllib.parse.quote(f"WorkflowType='{c.WorkflowName.CLAIM}'")
     )
+    if kube_url is not None:
+        try:
+            await what_it_saved(kube_url, namespace, "workers")
+        except (OSError, ValueError, KeyError, TimeoutError) as err:
+            say(f"the usage figures could not be read: {err}")
     say("serving until Ctrl-C")
 
 
@@ -114,3 +133,95 @@ def _phase(sa: TypedSearchAttributes) -> str:
     phase = sa.get(SearchAttributeKey.for_keyword(c.SA_PHASE)) or "?"
     reason = sa.get(SearchAttributeKey.for_keyword(c.SA_REASON)) or "-"
     return phase if reason == "-" else f"{phase} ({reason})"
+
+
+# --- what it saved -----------------------------------------------------------------------------------------------
+HTTP_TIMEOUT = 5.0
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def _http(url: str, body: Any = None, accept: str = "application/json") -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Accept": accept, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as resp:
+        return json.load(resp)
+
+
+def _crd_path(kube_url: str, namespace: str, plural: str, name: str = "") -> str:
+    return f"{kube_url}/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+
+def _wh(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+async def what_it_saved(kube_url: str, namespace: str, group: str) -> None:
+    """The group's usage figures as written with the demo's last move (the failed boot makes the group degraded),
+    each slot's and the group's beside the simulated homelab's own record over the same window, then `kubectl get
+    groups` as the API server's Table prints it."""
+
+    async def written() -> dict[str, Any] | None:
+        obj = await asyncio.to_thread(_http, _crd_path(kube_url, namespace, names.PLURAL_GROUPS, group))
+        held = obj.get("status") or {}
+        return obj if held.get("usage") and held.get("health") == "degraded" else None
+
+    group_obj = await _until(f"group {group}'s usage figures to be written", written, 30)
+    total = GroupUsage.model_validate(group_obj["status"]["usage"])
+    listed = await asyncio.to_thread(_http, _crd_path(kube_url, namespace, names.PLURAL_NODES))
+    slots = {
+        item["metadata"]["name"]: SlotUsage.model_validate(item["status"]["usage"])
+        for item in listed["items"]
+        if item["spec"].get("group") == group and (item.get("status") or {}).get("usage")
+    }
+    assert total.counted_to is not None
+    windows = {
+        name: {"since": u.since.isoformat(), "until": (u.counted_to or total.counted_to).isoformat()}
+        for name, u in slots.items()
+        if u.since is not None
+    }
+    own = (await asyncio.to_thread(_http, f"{kube_url}/_sim/usage", {"windows": windows}))["slots"]
+    group_windows = {name: {**w, "until": total.counted_to.isoformat()} for name, w in windows.items()}
+    own_total = (await asyncio.to_thread(_http, f"{kube_url}/_sim/usage", {"windows": group_windows}))["total"]
+    say("what it saved: the operator's usage figures (status.usage, counted from watch events) beside the simulated")
+    say("homelab's own record of its kubelets' Ready periods, over the same windows (each slot's since to the time its")
+    say("figures were last written; the group's at one instant): operator (homelab)")
+    say(f"  {'slot':<10} {'counted':>8} {'on s':>14} {'off+booting s':>16} {'boots':>7} {'off%':>13} {'saved Wh':>16}")
+    for name, u in sorted(slots.items()):
+        h = own[name]
+        to = f"{u.counted_to:%H:%M:%S}" if u.counted_to else "-"
+        say(
+            f"  {name:<10} {to:>8} {u.on_seconds + u.draining_seconds:>6} ({h['onSeconds']:>5.0f}) "
+            f"{u.off_seconds + u.booting_seconds:>7} ({h['offSeconds']:>6.0f}) {u.boots:>2} ({h['boots']:>2}) "
+            f"{u.off_percent or 0:>5.1f} ({h['offPercent'] or 0:>5.1f}) "
+            f"{_wh(u.energy_saved_wh):>7} ({_wh(h.get('energySavedWh')):>6})"
+        )
+    say(
+        f"  group {group}, {total.since:%H:%M:%S} to {total.counted_to:%H:%M:%S} UTC: "
+        f"off {total.off_percent or 0:.1f}% ({own_total['offPercent'] or 0:.1f}%), "
+        f"saved {_wh(total.energy_saved_wh)} Wh ({_wh(own_total.get('energySavedWh'))} Wh), "
+        f"used {_wh(total.energy_used_wh)} Wh ({_wh(own_total.get('energyUsedWh'))} Wh), "
+        f"{total.boots} boots ({own_total['boots']})"
+    )
+    say(f"  kubectl describe group {group}: {total.summary}")
+    table = await asyncio.to_thread(_http, _crd_path(kube_url, namespace, names.PLURAL_GROUPS), accept=TABLE)
+    say(f"kubectl get groups -n {namespace}:")
+    for line in _table_lines(table):
+        say(f"  {line}")
+
+
+def _table_lines(table: dict[str, Any]) -> list[str]:
+    """A meta.k8s.io Table as kubectl prints it: the priority-0 columns, upper-cased headers, padded by three."""
+    shown = [i for i, col in enumerate(table["columnDefinitions"]) if not col.get("priority")]
+    header = ["NAME" if table["columnDefinitions"][i]["name"] == "Name" else
+              table["columnDefinitions"][i]["name"].upper() for i in shown]  # fmt: skip
+    rows = [[_cell(row["cells"][i]) for i in shown] for row in table["rows"]]
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(shown))]
+    return ["   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "<none>"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -39,7 +39,10 @@ RESOURCE_TABLES: list[tuple[str, type[BaseModel]]] = [
     ("`tolerations[]`", api.Toleration),
     ("Taint (`nodeReadinessTaints`, `nodeTaints`, `taintsToRemove`)", api.Taint),
     ("`pricing`", api.Pricing),
+    ("`powerDraw` (on a Group or a slot)", api.PowerDraw),
     ("Node (slot) `status` (the report, written by the watchers)", api.NodeStatus),
+    ("Node (slot) `status.usage` (written by the watchers)", api.SlotUsage),
+    ("Group `status.usage` (written by the watchers)", api.GroupUsage),
     ("NodeClaim `spec` (written by the operator)", api.NodeClaimSpec),
     ("NodeClaim `status` (written by the claim's workflow)", api.NodeClaimStatus),
 ]

@@ -191,12 +191,14 @@ async def provider(p: Process) -> None:
 async def watch(p: Process) -> None:
     """The watchers and the report writer, until stop; ready once every watch has listed."""
     settings = p.settings.section(WatchSettings)
+    runtime = p.client.service_client.config.runtime or Runtime.default()
     watchers = build_watchers(
         settings,
         p.client,
         p.kube,
         namespaces=p.settings.section(NamespaceSettings).namespaces,
         task_queue=p.settings.section(QueueSettings).task_queue,
+        meter=runtime.metric_meter,
     )
     p.health.add(Probe("watches", watchers.not_ready))
     p.health.alive = lambda: "" if watchers.alive() else "a watch thread stopped"
@@ -442,7 +444,9 @@ async def dev_role(settings: Settings, simulate: bool) -> int:
         extra: list[Awaitable[Any]] = []
         if dev.demo:
             client = await connect(temporal)
-            extra.append(demo_task(client, provider_address, server.ui_url, temporal.namespace))
+            extra.append(
+                demo_task(client, provider_address, server.ui_url, temporal.namespace, lab.url if lab else None)
+            )
         return await compose(run_settings, ROLES["run"].roles, stop, extra=extra)
     finally:
         if lab is not None:

@@ -263,7 +263,7 @@ class Kube:
         return self._send(what, "GET", res.path(namespace, name))
 
     def list_raw(
-        self, res: Resource, namespace: str | None = None, selector: str | None = None
+        self, res: Resource, namespace: str | None = None, selector: str | None = None, fields: str | None = None
     ) -> tuple[list[JSON], str]:
         """Objects of a resource (all namespaces when namespace is None) and the list's resourceVersion.
 
@@ -275,6 +275,8 @@ class Kube:
         kw: dict[str, str] = {"limit": str(LIST_PAGE_LIMIT)}
         if selector:
             kw["labelSelector"] = selector
+        if fields:
+            kw["fieldSelector"] = fields
         items: list[JSON] = []
         doc = self._list_page(what, res, namespace, kw)
         while True:
@@ -506,6 +508,34 @@ class Kube:
         written = self._cas(CLAIMS, namespace, name, change, status=True)
         return written, landed
 
+    def carry_identity(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        owner: Mapping[str, Any] | None,
+        deadline_at: str | None,
+    ) -> JSON:
+        """Give a claim what the group's claims carry, where it lacks it: `labels` (set to these values), `owner` (a
+        non-controller reference, added unless one of that uid is there) and `spec.deadlineAt` (only when it has
+        none). One compare-and-set write, none when nothing is missing; other labels and owners are kept."""
+
+        def change(obj: JSON) -> JSON | None:
+            meta = obj.get("metadata") or {}
+            patch: JSON = {}
+            held = meta.get("labels") or {}
+            if any(held.get(key) != value for key, value in labels.items()):
+                patch.setdefault("metadata", {})["labels"] = dict(labels)
+            refs = [dict(ref) for ref in meta.get("ownerReferences") or []]
+            if owner is not None and not any(ref.get("uid") == owner.get("uid") for ref in refs):
+                patch.setdefault("metadata", {})["ownerReferences"] = [*refs, dict(owner)]
+            if deadline_at and not (obj.get("spec") or {}).get("deadlineAt"):
+                patch["spec"] = {"deadlineAt": deadline_at}
+            return patch or None
+
+        return self._cas(CLAIMS, namespace, name, change)
+
     def stamp_taints(self, name: str, taints: Iterable[Mapping[str, Any]]) -> JSON:
         """Add taints (matched by key and effect); the ones already there are kept as they are."""
         wanted = [dict(t) for t in taints]
@@ -601,6 +631,7 @@ class Kube:
         warning: bool = False,
         now: datetime | None = None,
         occurrence: datetime | None = None,
+        fact: str = "",
     ) -> JSON:
         """Record an Event under a deterministic name; a repeat of the same name bumps the count of the one Event.
 
@@ -608,7 +639,15 @@ class Kube:
         an activity's first scheduling), each occurrence is its own Event named `<object>.<hex nanoseconds>…` like
         client-go names them, so `kubectl get events` lists an object's story in order; a retry of the same
         occurrence finds its Event.
+
+        With `fact` (what the Event says, when more than one run may say it: a spent streak, a scale-down's start),
+        an Event of the object with this reason that carries the same fact (an annotation) is that Event already:
+        it is returned and nothing is written. The name stays the occurrence's, so the story keeps its order.
         """
+        if fact and regarding.uid:
+            said = self._event_of_fact(regarding, reason, fact)
+            if said is not None:
+                return said
         when = rfc3339(now or _now())
         digest = hashlib.sha256(f"{regarding.kind}|{regarding.uid}|{reason}|{message}".encode()).hexdigest()[:10]
         if occurrence is None:
@@ -618,10 +657,13 @@ class Kube:
             suffix = f".{nanos:016x}.{digest[:6]}"
         # An Event's name is a DNS subdomain (≤ 253): a long object name is bounded before the suffix.
         name = names.bounded(regarding.name, names.NAME_MAX - len(suffix)) + suffix
+        metadata: JSON = {"name": name, "namespace": regarding.namespace}
+        if fact:
+            metadata["annotations"] = {names.ANNOTATION_EVENT_FACT: fact}
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": regarding.namespace},
+            "metadata": metadata,
             "involvedObject": {
                 "apiVersion": regarding.api_version,
                 "kind": regarding.kind,
@@ -657,6 +699,30 @@ class Kube:
             except Conflict:
                 continue
         raise Conflict(f"{what}: still conflicting after {CAS_ATTEMPTS} attempts to bump the count")
+
+    def _event_of_fact(self, regarding: ObjectRef, reason: str, fact: str) -> JSON | None:
+        """The object's Event with this reason that says `fact` (its annotation), if one was recorded. A list no
+        retry can fix (an install whose RBAC lacks `events list`) finds none: the fact may be said twice, the Event
+        is never held back."""
+        selected = f"involvedObject.uid={regarding.uid},reason={reason}"
+        try:
+            events = self.list_raw(EVENTS, regarding.namespace, fields=selected)[0]
+        except KubeError as exc:
+            if exc.retryable:
+                raise
+            log.info(
+                "%s of %s %s: Events not looked up (%s); it may be said again",
+                reason,
+                regarding.kind,
+                regarding.name,
+                exc,
+            )
+            return None
+        for event in events:
+            annotations = (event.get("metadata") or {}).get("annotations") or {}
+            if annotations.get(names.ANNOTATION_EVENT_FACT) == fact:
+                return event
+        return None
 
     # --- Leases (leader election) ------------------------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> JSON | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from api import contracts as c
 from api import names
-from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, parse_duration
+from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, PowerDraw, parse_duration
 from domain import law
 from kube.objects import meta, spec, status
 
@@ -131,6 +131,32 @@ def attempts_reset_at(slot: Mapping[str, Any] | None) -> datetime | None:
     return time_of(annotations.get(names.ANNOTATION_RESET_ATTEMPTS)) if isinstance(annotations, dict) else None
 
 
+# --- usage figures ----------------------------------------------------------------------------------------
+def power_draw(obj: Mapping[str, Any] | None) -> PowerDraw | None:
+    """A slot's or Group's `spec.powerDraw` (None when absent, or unreadable: the object's Valid condition says why)."""
+    raw = spec(obj).get("powerDraw")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return PowerDraw.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def usage_reset(obj: Mapping[str, Any] | None) -> tuple[datetime | None, str]:
+    """The time of a slot's or Group's reset-usage annotation, or why its value is none ("" when it is, or there is
+    no annotation). Annotations are not secrets: the value is quoted."""
+    annotations = meta(obj).get("annotations") or {}
+    value = annotations.get(names.ANNOTATION_RESET_USAGE) if isinstance(annotations, Mapping) else None
+    if value is None:
+        return None, ""
+    when = time_of(value)
+    if when is None:
+        where = f"metadata.annotations[{names.ANNOTATION_RESET_USAGE}]"
+        return None, f"{where}: {str(value)[:64]!r} is not an RFC 3339 time (say 2030-01-01T00:00:00Z)"
+    return when, ""
+
+
 # --- Jobs --------------------------------------------------------------------------------------------------
 def job_owners(job: Mapping[str, Any] | None) -> tuple[str, str]:
     """The full names of the slot and the claim a lifecycle Job belongs to ("" for none).
@@ -152,6 +178,46 @@ def job_owners(job: Mapping[str, Any] | None) -> tuple[str, str]:
     if not isinstance(labels, Mapping):
         return "", ""
     return str(labels.get(names.LABEL_NODE) or ""), str(labels.get(names.LABEL_NODECLAIM) or "")
+
+
+def claim_jobs(claim: Mapping[str, Any], jobs: Iterable[Mapping[str, Any]], now: datetime) -> tuple[c.JobRecord, ...]:
+    """The claim's own lifecycle Jobs among `jobs`: owned by it (a claim owner of another uid is another claim of
+    that name), or labelled with it when made without owners; by name. `now` is the reader's clock, for their age."""
+    m = meta(claim)
+    name, uid = str(m.get("name") or ""), str(m.get("uid") or "")
+    found = []
+    for job in jobs:
+        if job_owners(job)[1] != name and not (
+            not meta(job).get("ownerReferences")
+            and (meta(job).get("labels") or {}).get(names.LABEL_NODECLAIM) == names.label_value(name)
+        ):
+            continue
+        owner_uids = {
+            str(ref.get("uid") or "")
+            for ref in meta(job).get("ownerReferences") or []
+            if isinstance(ref, Mapping) and ref.get("kind") == names.KIND_NODECLAIM and ref.get("uid")
+        }
+        if owner_uids and uid and uid not in owner_uids:
+            continue
+        job_type = str((meta(job).get("labels") or {}).get(names.LABEL_JOB_TYPE) or "")
+        if job_type not in (names.JobType.STARTUP, names.JobType.SHUTDOWN):
+            continue
+        job_name = str(meta(job).get("name") or "")
+        state = job_status(job_name, job)
+        created = time_of(meta(job).get("creationTimestamp"))
+        attempt = str((meta(job).get("annotations") or {}).get(names.ANNOTATION_SHUTDOWN_ATTEMPT) or "")
+        found.append(
+            c.JobRecord(
+                name=job_name,
+                job_type=job_type,
+                state=state.state,
+                reason=state.reason,
+                age_seconds=max((now - created).total_seconds(), 0.0) if created else 0.0,
+                attempt=int(attempt) if attempt.isdigit() else 0,
+                sequence=c.job_sequence(job_name, job_type),
+            )
+        )
+    return tuple(sorted(found, key=lambda j: j.name))
 
 
 # --- claims ------------------------------------------------------------------------------------------------

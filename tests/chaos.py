@@ -71,6 +71,8 @@ from tests.realcluster import pki
 NS = "homelab-autoscaler-system"
 GROUP = "workers"
 BROKEN = "worker-broken"  # the machine whose wake-up always fails, with last words to keep out of histories
+SLOW = "worker-slow"  # with --slow-jobs: the machine whose lifecycle Jobs take that long; wipes are timed into them
+SLOW_JOB_WAIT = 400.0  # real seconds a wipe waits for a running Job of the slow machine before it wipes anyway
 OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
 PERSON = "chaos-person"
 WEBHOOK_REGISTRATION = ROOT / "deploy" / "components" / "admission" / "webhook.yaml"
@@ -96,6 +98,15 @@ class Plan:
     wipes: int = 0
     slots: int = 6
     time_limit: float = 1500.0  # real seconds for the lifecycles; past it the run goes quiet anyway
+    # Seconds each lifecycle Job of one more machine (worker-slow) takes; 0: no such machine. With it, each wipe of
+    # Temporal's database waits for one of its Jobs to run (a startup Job, then a shutdown Job, in turn): a claim
+    # taken over must adopt its lost run's running Job (issue 32).
+    slow_jobs: float = 0.0
+
+    @property
+    def machines(self) -> list[str]:
+        """The machines the group's claims may take (the broken one aside, which never comes up)."""
+        return [f"worker-{i}" for i in range(1, self.slots + 1)] + ([SLOW] if self.slow_jobs else [])
 
     @property
     def markers(self) -> dict[str, str]:
@@ -164,12 +175,15 @@ class Report:
     hand_claims: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     wipes: int = 0
+    wiped_during: Counter[str] = field(default_factory=Counter)  # what the slow machine was doing at each wipe
     taken_over: int = 0  # claims whose workflow was lost and that a new run took over (their ClaimTakenOver Events)
     broken_boots: int = 0  # claims of the broken machine that failed on their startup Job's exit code
 
     CHECKS = (
         "duplicate startup Jobs",
         "lifecycle Jobs overlapping on one machine",
+        "boots failed by a check while their startup Job ran",
+        "shutdown attempts counted above the Jobs fired",
         "machines on without a live claim",
         "machines off under a ready claim",
         "claims whose resource and workflow disagree",
@@ -201,6 +215,8 @@ class Report:
             f" {self.seconds:.0f} s in all",
             f"cluster: {faults}; claims taken over after a lost workflow: {self.taken_over}; failed boots of the"
             f" broken machine: {self.broken_boots}",
+            f"wipes timed into the slow machine's Jobs ({self.plan.slow_jobs:.0f} s each):"
+            f" {dict(sorted(self.wiped_during.items())) or 'none'}",
             f"during the outage: provider answered {dict(self.outage.get('codes', {}))},"
             f" /readyz answered {dict(self.outage.get('readyz', {}))}",
             f"second claims by hand on busy slots: {dict(sorted(self.hand_claims.items())) or 'none'}",
@@ -242,6 +258,8 @@ class Chaos:
         self.temporal_lock = asyncio.Lock()
         self.finalizers = records.Finalizers()
         self.let_go: list[str] = []
+        self.failed_mid_boot: list[str] = []
+        self.wiped_mid_job: list[tuple[str, str, str]] = []  # (kind, claim, Job) running at a wipe
 
     # --- setting up ---------------------------------------------------------------------------------------------
     def homelab_file(self) -> Path:
@@ -255,16 +273,18 @@ class Chaos:
                 {"name": "BMC_USER", "valueFrom": {"secretKeyRef": {"name": m["Secret name"], "key": "user"}}},
             ],
         }
-        slots = [
+        slots: list[dict[str, Any]] = [
             {
-                "name": f"worker-{i}",
+                "name": name,
                 "group": GROUP,
                 "startupPodSpec": pod,
                 "shutdownPodSpec": pod,
                 "node": {"labels": {"homelab.dev/pool": GROUP}},
             }
-            for i in range(1, self.plan.slots + 1)
+            for name in self.plan.machines
         ]
+        if self.plan.slow_jobs:
+            slots[-1]["timings"] = {"jobSeconds": self.plan.slow_jobs}
         # The broken machine: its wake-up says a marker and the password from its env, then fails (exit 3).
         script = f'echo "{m["last words"]}: no answer; logged in as $BMC_PASSWORD"\nexit 3'
         broken = {**pod, "command": ["sh", "-c", script]}
@@ -283,7 +303,7 @@ class Chaos:
                 "taintClearSeconds": 0.5,
                 "shutdownSeconds": 1,
             },
-            "groups": [{"name": GROUP, "minSize": 0, "maxSize": self.plan.slots + 1, "nodeReadinessTaints": []}],
+            "groups": [{"name": GROUP, "minSize": 0, "maxSize": len(slots), "nodeReadinessTaints": []}],
             "slots": slots,
         }
         path = self.dir / "homelab.yaml"
@@ -493,6 +513,14 @@ class Chaos:
         for problem in self.finalizers.let_go_early(_as_resource(cl) for cl in state["claims"]):
             if problem not in self.let_go:
                 self.let_go.append(problem)
+        # A boot's registration and readiness checks start after its startup Job: one failed by them while that Job
+        # still runs never waited for it (a take-over that did not adopt its lost run's Job).
+        running = {j["name"] for j in state["jobs"] if not j["conditions"]}
+        for name, cl in present.items():
+            failed = cl["phase"] == "failed" and cl["reason"] == ClaimReason.READINESS_GATE_TIMEOUT
+            said = f"{name} ({cl['reason']})"
+            if failed and c.job_name(name, "startup", 1) in running and said not in self.failed_mid_boot:
+                self.failed_mid_boot.append(said)
         for name, cl in present.items():
             if cl["phase"] == "ready":
                 self.ready_seen.add(name)
@@ -528,8 +556,9 @@ class Chaos:
                 )
                 await self.call(self.stub.NodeGroupDeleteNodes, request)
             owed = self.plan.lifecycles - len(self.ended)
-            if owed > 0 and len(nodes.instances) < self.plan.slots:
-                delta = min(self.rng.randint(1, 2), self.plan.slots - len(nodes.instances))
+            room = len(self.plan.machines)
+            if owed > 0 and len(nodes.instances) < room:
+                delta = min(self.rng.randint(1, 2), room - len(nodes.instances))
                 code, _ = await self.call(
                     self.stub.NodeGroupIncreaseSize, pb.NodeGroupIncreaseSizeRequest(id=GROUP, delta=delta)
                 )
@@ -555,6 +584,8 @@ class Chaos:
             if i == outage_after:
                 await self.outage()
             if i in wipes:
+                if self.plan.slow_jobs:
+                    await self.slow_job_running(("startup", "shutdown")[self.report.wipes % 2])
                 await self.wipe_temporal()
             victim = self.rng.choice([*ROLES, "temporal"])
             self.report.kills[victim] += 1
@@ -585,6 +616,22 @@ class Chaos:
                 path.unlink(missing_ok=True)
             await asyncio.to_thread(self.temporal.start)
         self.report.wipes += 1
+
+    async def slow_job_running(self, kind: str) -> None:
+        """Wait (a bounded while) until the slow machine runs a claim's `kind` Job, so the wipe that follows lands
+        during it; the claim is remembered (after quiet: was it taken over, and did its Job end before the next?)."""
+        ends = time.monotonic() + SLOW_JOB_WAIT
+        while time.monotonic() < ends:
+            with contextlib.suppress(OSError):
+                for j in (await asyncio.to_thread(self.state))["jobs"]:
+                    labels = j["labels"]
+                    claim = labels.get("infra.homecluster.dev/nodeclaim")
+                    mine = labels.get("infra.homecluster.dev/node") == SLOW and labels.get("type") == kind
+                    if mine and claim and not j["conditions"]:
+                        self.wiped_mid_job.append((kind, str(claim), str(j["name"])))
+                        return
+            await asyncio.sleep(0.5)
+        self.report.wiped_during[f"no {kind} Job within {SLOW_JOB_WAIT:.0f} s"] += 1
 
     def kill_temporal(self) -> None:
         proc = self.temporal.process
@@ -689,7 +736,7 @@ class Chaos:
         live = [cl for cl in state["claims"] if cl["phase"] in LIVE]
         by_slot = Counter(cl["slot"] for cl in live)
         v["slots with two live claims"] = [f"{slot} x{n}" for slot, n in by_slot.items() if n > 1]
-        known = {f"worker-{i}" for i in range(1, self.plan.slots + 1)}
+        known = set(self.plan.machines)
         v["machines on without a live claim"] = [
             s for s, m in state["machines"].items() if m["power"] == "on" and s in known and s not in by_slot
         ]
@@ -703,6 +750,11 @@ class Chaos:
         v["tracebacks in the roles' logs"] = self.tracebacks()
         resources, events = await asyncio.to_thread(self.claims_and_events)
         self.report.taken_over = sum(1 for e in events if e.get("reason") == EventReason.CLAIM_TAKEN_OVER)
+        taken = {(e.get("involvedObject") or {}).get("name") for e in events if e.get("reason") == "ClaimTakenOver"}
+        for kind, claim, _ in self.wiped_mid_job:
+            self.report.wiped_during[
+                f"{kind} Job running, its claim taken over" if claim in taken else f"{kind} Job running"
+            ] += 1
         broken = [
             cl for cl in resources
             if cl["spec"].get("node") == BROKEN and "exit code 3 (Error)" in str(cl.get("status", {}).get("message"))
@@ -712,6 +764,17 @@ class Chaos:
             f"{records.name(cl)}: {cl['status']['message']}"
             for cl in broken
             if self.plan.markers["last words"] not in cl["status"]["message"]
+        ]
+        v["boots failed by a check while their startup Job ran"] = self.failed_mid_boot
+        shutdowns = Counter(
+            j["labels"].get("infra.homecluster.dev/nodeclaim", "")
+            for j in state["jobs"]
+            if j["labels"].get("type") == "shutdown"
+        )
+        v["shutdown attempts counted above the Jobs fired"] = [
+            f"{records.name(cl)}: {cl['status'].get('shutdownAttempts')} attempts, {shutdowns[records.name(cl)]} Jobs"
+            for cl in resources
+            if int((cl.get("status") or {}).get("shutdownAttempts") or 0) > shutdowns[records.name(cl)]
         ]
         v["claim Events without their landed write"] = [
             problem for claim in resources for problem in records.events_without_their_write(claim, events)
@@ -853,9 +916,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outage", type=float, default=60.0, help="seconds of the Temporal outage")
     parser.add_argument("--fault-rate", type=float, default=0.05, help="fraction of API requests that fail")
     parser.add_argument("--wipes", type=int, default=0, help="times Temporal's database is wiped mid-run")
+    parser.add_argument(
+        "--slow-jobs",
+        type=float,
+        default=0.0,
+        help="seconds each Job of one more machine takes; each wipe is then timed into one of its running Jobs",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the logs and the Temporal database here")
     args = parser.parse_args(argv)
-    plan = Plan(args.seed, args.lifecycles, args.kills, args.outage, args.fault_rate, wipes=args.wipes)
+    plan = Plan(
+        args.seed, args.lifecycles, args.kills, args.outage, args.fault_rate, wipes=args.wipes, slow_jobs=args.slow_jobs
+    )
     print(f"chaos seed {plan.seed} (rerun with --seed {plan.seed})", flush=True)
     report = asyncio.run(run(plan, args.keep))
     print(report.table(), flush=True)

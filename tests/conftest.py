@@ -12,13 +12,16 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_timeout
 import yaml
 from homelab_sim.emulator import EmulatorServer
 
@@ -122,6 +125,33 @@ def _record_rbac_usage(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
             RBAC_USAGE.setdefault(use, request.node.nodeid)
 
 
+# `make unit` runs the suite as several processes (pytest-xdist's workers, then the serial part): each process writes
+# the uses it saw to HOMELAB_RBAC_USAGE (a directory the run made) at its end, and the session's check reads them all.
+RBAC_USAGE_DIR = "HOMELAB_RBAC_USAGE"
+
+
+def session_rbac_usage() -> dict[Use, str]:
+    """Every use of the run: this process's, and those the run's earlier processes wrote to HOMELAB_RBAC_USAGE."""
+    usage = dict(RBAC_USAGE)
+    folder = os.environ.get(RBAC_USAGE_DIR)
+    if not folder:
+        return usage
+    written = sorted(Path(folder).glob("*.json"))
+    assert written, f"{RBAC_USAGE_DIR}={folder}: no earlier process of this run wrote what it requested"
+    for path in written:
+        for row in json.loads(path.read_text()):
+            usage.setdefault(Use(row["group"], row["resource"], row["verb"], row["cluster_wide"]), row["test"])
+    return usage
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With HOMELAB_RBAC_USAGE, leave this process's uses there for the run's RBAC check (see above)."""
+    folder = os.environ.get(RBAC_USAGE_DIR)
+    if folder and RBAC_USAGE:
+        rows = [{**dataclasses.asdict(use), "test": test} for use, test in RBAC_USAGE.items()]
+        (Path(folder) / f"{os.getpid()}.json").write_text(json.dumps(rows))
+
+
 def _report_strict(test: str, servers: list[EmulatorServer]) -> None:
     """With HOMELAB_EMULATOR_STRICT_REPORT=<file>, append what strict mode refused or pruned (one JSON a line)."""
     target = os.environ.get("HOMELAB_EMULATOR_STRICT_REPORT")
@@ -135,7 +165,17 @@ def _report_strict(test: str, servers: list[EmulatorServer]) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `rbac_session` read `RBAC_USAGE`, so they run after every other test."""
+    """Tests marked `rbac_session` read `RBAC_USAGE`, so they run after every other test. Under pytest-xdist the
+    tests marked `long` come first, each followed by a short one: `make unit` hands a worker two tests to begin
+    with and one more as each ends (`--dist load --maxschedchunk 1`), so the long ones start at once, one per
+    worker, and the short ones fill the time around them; at the end of the queue, one would be the run's tail."""
+    if getattr(config.option, "numprocesses", None):
+        long = [item for item in items if item.get_closest_marker("long")]
+        short = [item for item in items if not item.get_closest_marker("long")]
+        ordered: list[pytest.Item] = []
+        for i, item in enumerate(long):
+            ordered += [item, *short[i : i + 1]]
+        items[:] = ordered + short[len(long) :]
     last = [item for item in items if item.get_closest_marker("rbac_session")]
     if last:
         items[:] = [item for item in items if item not in last] + last
@@ -147,3 +187,40 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(KUBE_CACHE, ignore_errors=True)
+
+
+# --- timeouts that end a test whose event loop waits on the Temporal SDK ---------------------------------------
+# pytest-timeout's signal method arms a process-wide SIGALRM; the kernel may hand it to any thread, and with the
+# Temporal SDK's threads about, a test whose event loop waited on one of them never woke to it (a whole `make test`
+# hung 20 minutes in test_replay.py, deaf to SIGALRM and to two SIGINTs). Here the alarm is sent to the main
+# thread itself: its wait is interrupted and the test fails with every thread's stack. Should the failure be
+# swallowed (raised inside an asyncio callback), the process ends LAST_RESORT seconds later with the stacks printed,
+# as pytest-timeout's thread method does (pytest-xdist then replaces the worker and reports the test failed).
+LAST_RESORT = 30.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None  # pytest-timeout's own way
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def handler(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True
+        pytest_timeout.timeout_sigalrm(item, settings)
+
+    alarm = threading.Timer(settings.timeout, signal.pthread_kill, (main, signal.SIGALRM))
+    last = threading.Timer(settings.timeout + LAST_RESORT, pytest_timeout.timeout_timer, (item, settings))
+    for timer in (alarm, last):
+        timer.daemon = True
+        timer.start()
+
+    def cancel() -> None:
+        alarm.cancel()
+        last.cancel()
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    item.cancel_timeout = cancel  # type: ignore[attr-defined]  # pytest-timeout's own attribute, read at teardown
+    signal.signal(signal.SIGALRM, handler)
+    return True

@@ -141,10 +141,12 @@ class Held(CustomSlotSupplier):
 
 
 class InFlight:
-    """Counts the workflow tasks the worker holds right now.
+    """Counts the workflow tasks and the activities the worker holds right now.
 
     The time-skipping server strands a workflow whose task cancels a timer that fired while the task was with
     the worker (see `Lab.settle_after_skip`); a driver that skips time only when no task is out avoids the race.
+    It also keeps its clock locked for good for a workflow terminated while an activity of it runs, so a loss waits
+    for the activities too.
     Local activities are not counted with a supplier of their own: the SDK's bridge takes the GIL in a custom
     supplier while core holds its local-activity lock, and a worker shut down meanwhile deadlocked (sdk-python
     issue 1642's pattern; seen at the end of a test whose claims were mid-call). `HoldsTheClock` holds the clock
@@ -153,6 +155,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self.tasks = Held()
+        self.activities = Held()
 
     @property
     def held(self) -> int:
@@ -161,17 +164,22 @@ class InFlight:
     def tuner(self) -> WorkerTuner:
         fixed = FixedSizeSlotSupplier(100)
         return WorkerTuner.create_composite(
-            workflow_supplier=self.tasks, activity_supplier=FixedSizeSlotSupplier(16),
+            workflow_supplier=self.tasks, activity_supplier=self.activities,
             local_activity_supplier=fixed, nexus_supplier=fixed,
         )  # fmt: skip
 
-    async def quiet(self, *, within: float = 10.0, calm: float = 0.05) -> bool:
-        """Wait until no workflow task is out and none arrived for `calm` seconds; False when `within` ran out."""
+    async def quiet(self, *, within: float = 10.0, calm: float = 0.05, activities: bool = False) -> bool:
+        """Wait until no workflow task (and, asked, no activity) is out and none arrived for `calm` seconds; False
+        when `within` ran out."""
         deadline = time.monotonic() + within
+
+        def out() -> int:
+            return self.tasks.held + (self.activities.held if activities else 0)
+
         while time.monotonic() < deadline:
-            if self.held == 0:
+            if out() == 0:
                 await asyncio.sleep(calm)
-                if self.held == 0:
+                if out() == 0:
                     return True
             else:
                 await asyncio.sleep(0.01)
@@ -428,12 +436,14 @@ class Lab:
         time. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
         the chaos suite loses them anywhere, on the real server.
         """
-        await self.in_flight.quiet()
         ids = [c.claim_workflow_id(NS, name) for name in claims]
         ids += [c.release_workflow_id(NS, slot) for slot in slots]
         ids.append(c.group_workflow_id(NS, group))  # the parent last: it hears its children end
         lost = []
         for wid in ids:
+            # Before each: a child's end is a task of its parent, and a task or activity out at a terminate locks
+            # the clock (a group lost while it heard its claim end once stranded a test on a loaded machine).
+            await self.in_flight.quiet(activities=True)
             handle = self.client.get_workflow_handle(wid)
             try:
                 desc = await handle.describe()

@@ -133,6 +133,7 @@ class Model:
             ("delete_slot", 0.5, self.delete_slot),
             ("restore_slots", 0.5, self.restore_slots),
             ("lose_temporal", 0.5, self.lose_temporal),
+            ("lose_temporal_mid_job", 0.7, self.lose_temporal_mid_job),
         ]
         if self.restarts:
             table.append(("restart_worker", 0.7, self.restart_worker))
@@ -288,6 +289,123 @@ class Model:
         self.watchers.signals = self.watchers.dispatcher.signals = Signals(self.lab.client)
         await self.watchers.dispatcher.refresh_groups()
 
+    async def lose_temporal_mid_job(self) -> None:
+        """Temporal is lost while a slow lifecycle Job of a claim runs (issue 32): a shutdown Job of a scale-down, or
+        a startup Job of a boot. The run that takes the claim over must adopt that Job: no second Job of its kind is
+        fired beside it, the attempt is not counted again, the boot is not failed by a check while its Job runs.
+        Checked two minutes after the loss (past the 90 s registration check, within the Job's five minutes); then
+        the slow Job ends. With no claim to stage it on, it is a plain loss."""
+        kind = self.rng.choice(("startup", "shutdown"))
+        staged = await (self._stage_shutdown() if kind == "shutdown" else self._stage_startup())
+        if staged is None:
+            self.log[-1] += f" {kind}: nothing to stage, a plain loss"
+            await self.lose_temporal()
+            return
+        slot, claim, hung_before = staged
+        job = await self._running_job_of(claim, kind)
+        if job is None:
+            self.log[-1] += f" {kind} on {slot} ({claim}): no running Job, a plain loss"
+            await self.lose_temporal()
+            await self._end_slow_jobs(slot, hung_before)
+            return
+        self.log[-1] += f" during {job} on {slot}"
+        self.stats[f"lose_temporal_mid_job ({kind})"] += 1
+        await self.lab.advance(60)
+        await self.pump()
+        attempts = self._shutdown_attempts(claim)
+        overlaps = self._overlaps(slot)
+        await self.lose_temporal()
+        for _ in range(12):  # two minutes, the watchers pumped: the group loads and takes the claim over
+            await self.lab.advance(10)
+            await self.pump()
+        jobs = [str(j["metadata"]["name"]) for j in self._jobs_of(claim, kind)]
+        if len(jobs) > 1:
+            raise self.violation(f"claim {claim} was taken over during {job} and made another {kind} Job: {jobs}")
+        if self._overlaps(slot) > overlaps:
+            raise self.violation(f"two lifecycle Jobs ran at once on {slot} after the loss during {job}")
+        if kind == "shutdown" and self._shutdown_attempts(claim) > attempts:
+            raise self.violation(f"claim {claim} counted {job} again: {attempts} -> {self._shutdown_attempts(claim)}")
+        await self._end_slow_jobs(slot, hung_before)
+
+    async def _stage_shutdown(self) -> tuple[str, str, bool] | None:
+        """A ready claim's scale-down with a slow shutdown Job (its slot's Jobs hang)."""
+        snap = await self.lab.snapshot()
+        ready = sorted(
+            (d["slot"], n)
+            for n, d in snap["claims"].items()
+            if d["phase"] == "ready" and not d["marked"] and d["slot"] not in self.deleted_slots
+        )
+        if not ready:
+            return None
+        slot, claim = self.rng.choice(ready)
+        hung = self._hangs(slot)
+        self.lab.lab.set_fault(slot, "jobHangs", True)
+        try:
+            await self.lab.group().execute_update(GroupWorkflow.delete_nodes, [slot])
+        except WorkflowUpdateFailedError as err:
+            self.refused_only_by_rules([err])
+        return slot, claim, hung
+
+    async def _stage_startup(self) -> tuple[str, str, bool] | None:
+        """A boot with a slow startup Job: a claim applied by hand on a free slot whose Jobs hang."""
+        books = (await self.lab.snapshot())["slots"]
+        free = [
+            s
+            for s in SLOTS
+            if s not in self.deleted_slots
+            and not (books[s]["liveClaim"] or books[s]["drainingClaim"] or books[s]["releasing"])
+            and self.lab.lab.power(s) == "off"
+        ]
+        if not free:
+            return None
+        slot = self.rng.choice(free)
+        hung = self._hangs(slot)
+        self.lab.lab.set_fault(slot, "jobHangs", True)
+        self.hand_applied += 1
+        claim = f"hand-{self.hand_applied}"
+        now = await self.lab.env.get_current_time()
+        spec = {"node": slot, "group": "g", "requestedAt": _rfc3339(now), "call": "Manual"}
+        body = {"apiVersion": CRD, "kind": "NodeClaim", "metadata": {"name": claim, "namespace": NS}, "spec": spec}
+        self.lab.lab.call(lambda h: h.emulator.put_object(CRD, "nodeclaims", body, NS))
+        self.claims.add(claim)
+        await self.pump()
+        await self.lab.group().signal(GroupWorkflow.refresh)
+        return slot, claim, hung
+
+    async def _running_job_of(self, claim: str, kind: str) -> str | None:
+        """The claim's running Job of this kind, once it is made (a few short settles), else None."""
+        for _ in range(10):
+            running = [str(j["metadata"]["name"]) for j in self._jobs_of(claim, kind) if _job_state(j) == "running"]
+            if running:
+                return running[-1]
+            await self.settle(2)
+        return None
+
+    def _jobs_of(self, claim: str, kind: str) -> list[dict[str, Any]]:
+        return [
+            j
+            for j in self.lab.jobs()
+            if j["metadata"]["labels"].get("type") == kind
+            and j["metadata"]["labels"].get("infra.homecluster.dev/nodeclaim") == claim
+        ]
+
+    def _hangs(self, slot: str) -> bool:
+        return bool(self.lab.lab.call(lambda h: h.machine(slot).faults.job_hangs))
+
+    def _overlaps(self, slot: str) -> int:
+        return len([e for e in self.lab.lab.history(slot) if e.what == "jobs-overlap"])
+
+    def _shutdown_attempts(self, claim: str) -> int:
+        res = self.resources().get(claim) or {}
+        return int((res.get("status") or {}).get("shutdownAttempts") or 0)
+
+    async def _end_slow_jobs(self, slot: str, hung_before: bool) -> None:
+        """The slow Jobs end (as their scripts say); the slot's hang switch goes back to what the model had set."""
+        self.lab.lab.set_fault(slot, "jobHangs", hung_before)
+        if not hung_before:
+            self.lab.lab.end_hanging_jobs(slot)
+        await self.pump()
+
     def workflow_ids(self) -> list[str]:
         ids = [c.group_workflow_id(NS, "g")]
         ids += [c.claim_workflow_id(NS, n) for n in sorted(self.claims - self.checked_closed)]
@@ -372,6 +490,17 @@ class Model:
         let_go = self.finalizers.let_go_early(self.resources().values())
         if let_go:
             raise self.violation(f"a finalizer let go before the claim's terminal record: {let_go}")
+        # A boot's registration and readiness checks start after its startup Job: a claim failed by one of them while
+        # that Job still runs never waited for it (a take-over that did not adopt the lost run's Job).
+        running_startups = {
+            j["metadata"]["labels"].get("infra.homecluster.dev/nodeclaim")
+            for j in self.lab.jobs()
+            if j["metadata"]["labels"].get("type") == "startup" and _job_state(j) == "running"
+        }
+        for name, res in self.resources().items():
+            st = res.get("status") or {}
+            if st.get("reason") == ClaimReason.READINESS_GATE_TIMEOUT and name in running_startups:
+                raise self.violation(f"claim {name} failed {st['reason']} while its startup Job still runs")
         for job in self.lab.jobs():
             labels = job["metadata"]["labels"]
             claim = labels.get("infra.homecluster.dev/nodeclaim")

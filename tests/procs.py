@@ -17,9 +17,24 @@ BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, kept from the kernel's other callers for a minute.
+
+    A port bound to 0 and closed is free for anyone: another pytest-xdist worker's `free_port`, or an outgoing
+    connection, could be handed it before this test's server binds it. So the port is left in TIME_WAIT (a
+    connection to it, closed from the listening side first): for TIME_WAIT's 60 s the kernel gives it to no
+    bind(0) and no connect(), while a server binding it by number with SO_REUSEADDR (Go's, asyncio's, grpc's,
+    Python's http.server, Rust's: every server the tests start) takes it at once.
+    """
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the TIME_WAIT socket inherits it
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the listening side closes first: its end is the one left in TIME_WAIT
+            client.recv(1)  # its FIN has arrived
+    return port
 
 
 def wait_for(check: Callable[[], bool], *, timeout: float, what: str, every: float = 0.1) -> None:

@@ -856,3 +856,113 @@ def test_in_a_worker_each_claim_move_is_its_own_event_listed_in_order(
     assert [e["reason"] for e in events] == ["ClaimCreated", "ClaimBooting", "ClaimReady"]
     assert [e["count"] for e in events] == [1, 1, 2]
     assert all(e["metadata"]["name"].startswith("c1.") for e in events)
+
+
+# --- issue 32: what a run taking a claim over adopts, and Events said once per fact ----------------------------
+def test_load_group_gives_each_claims_record_its_own_jobs(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    """The claim's own Jobs (by owner), with their state, age and streak number: a run that takes it over adopts
+    them. Another claim's Jobs, and a release's (the slot's alone), are not its."""
+    acts.create_claim(seed("c1", "worker-1"))
+    acts.record_claim(c.StatusWrite(NS, "c1", status={"phase": "ready", "attempt": 1}, revision=4))
+    acts.create_claim(seed("c2", "worker-2"))
+    acts.create_job(c.JobRequest(NS, "worker-1", "startup", 1, "c1"))
+    acts.create_job(c.JobRequest(NS, "worker-1", "shutdown", 5, "c1", attempt=2))
+    acts.create_job(c.JobRequest(NS, "worker-2", "startup", 1, "c2"))
+    acts.create_job(c.JobRequest(NS, "worker-1", "shutdown", 1, "", "worker-1-release-abcde-shutdown"))
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+    cluster.call(lambda e: e.patch_object("batch/v1", "jobs", NS, "c1-startup", done, "status"))
+    later = KubeActivities(acts.kube, clock=lambda: datetime.now(UTC) + timedelta(seconds=90))
+    (c1, _) = later.load_group(c.GroupRef(NS, "workers")).claims
+    assert c1.record is not None
+    shutdown, startup = c1.record.jobs  # by name
+    assert (startup.name, startup.job_type, startup.state, startup.sequence) == (
+        "c1-startup",
+        "startup",
+        "succeeded",
+        1,
+    )
+    assert (shutdown.name, shutdown.state, shutdown.attempt, shutdown.sequence) == ("c1-shutdown-5", "running", 2, 5)
+    assert 85 <= shutdown.age_seconds <= 150
+
+
+def test_job_sequence_reads_the_number_in_a_lifecycle_jobs_name() -> None:
+    assert [c.job_sequence(c.job_name("w-1-abc", "shutdown", n), "shutdown") for n in (1, 2, 17)] == [1, 2, 17]
+    assert c.job_sequence("w-1-abc-startup", "startup") == 1
+    assert c.job_sequence("w-1-abc-startup", "shutdown") == 0 and c.job_sequence("shutdown", "shutdown") == 0
+
+
+def test_an_event_of_a_fact_is_said_once(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    """Two runs saying one fact (a spent streak): the second finds the first's Event and adds none, whatever its
+    message or moment; another fact of the same reason is its own Event."""
+    acts.create_claim(seed())
+    spent = "c1: shutdown streak spent at 2026-01-01T09:00:00Z"
+    for message in ("3 shutdown Jobs did not power the machine off", "said again by the run that took it over"):
+        acts.record_claim(
+            c.StatusWrite(NS, "c1", status={"phase": "ready"}, event_reason="ShutdownAttemptLimitReached",
+                          event_message=message, warning=True, event_fact=spent)
+        )  # fmt: skip
+    acts.slot_event(c.SlotEvent(NS, "worker-1", "ScaleDownStarted", "first", fact="worker-1-release-a: started"))
+    acts.slot_event(c.SlotEvent(NS, "worker-1", "ScaleDownStarted", "again", fact="worker-1-release-a: started"))
+    acts.record_claim(
+        c.StatusWrite(NS, "c1", status={"phase": "ready"}, event_reason="ShutdownAttemptLimitReached",
+                      event_message="a later streak", warning=True, event_fact="c1: shutdown streak spent at later")
+    )  # fmt: skip
+    said = [
+        (e["reason"], e["message"], e["count"])
+        for e in objects(cluster, "v1", "events")
+        if e["reason"] != "ClaimCreated"
+    ]
+    assert sorted(said) == [
+        ("ScaleDownStarted", "first", 1),
+        ("ShutdownAttemptLimitReached", "3 shutdown Jobs did not power the machine off", 1),
+        ("ShutdownAttemptLimitReached", "a later streak", 1),
+    ]
+
+
+def test_a_hand_applied_claim_is_given_its_slots_labels_owner_and_deadline_once(
+    cluster: EmulatorServer, acts: KubeActivities
+) -> None:
+    """The take-over's record writes what the claim lacks (labels, the slot as a non-controller owner, a deadline)
+    in one write beside the status, keeps what it has (its own labels, another owner, a deadline of its own), and
+    writes nothing the second time."""
+    put(cluster, CRD, "nodeclaims", {
+        "metadata": {"name": "by-hand", "namespace": NS, "labels": {"team": "lab"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-x"}]},
+        "spec": {"node": "worker-1", "group": "workers", "call": "Manual"},
+    })  # fmt: skip
+    identity = c.ClaimIdentity("worker-1", "workers", NOW + timedelta(minutes=12, seconds=10))
+    write = c.StatusWrite(NS, "by-hand", status={"phase": "pending"}, revision=1, identity=identity)
+    acts.record_claim(write)
+    claim = stored(cluster, CRD, "nodeclaims", NS, "by-hand")
+    slot = stored(cluster, CRD, "nodes", NS, "worker-1")
+    assert claim["metadata"]["labels"] == {"team": "lab", names.LABEL_NODE: "worker-1", names.LABEL_GROUP: "workers"}
+    assert claim["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-x"},
+        {"apiVersion": CRD, "kind": "Node", "name": "worker-1", "uid": slot["metadata"]["uid"]},
+    ]
+    assert claim["spec"]["deadlineAt"] == "2026-01-01T09:12:10Z"
+    before = len([r for r in cluster.emulator.requests if r.verb == "patch" and not r.subresource])
+    acts.record_claim(dataclasses.replace(write, identity=dataclasses.replace(identity, deadline_at=NOW)))
+    assert len([r for r in cluster.emulator.requests if r.verb == "patch" and not r.subresource]) == before
+    assert stored(cluster, CRD, "nodeclaims", NS, "by-hand")["spec"]["deadlineAt"] == "2026-01-01T09:12:10Z"
+
+
+def test_a_shutdown_job_carries_its_number_in_the_streak(examples: dict[str, list[Obj]]) -> None:
+    slot = Node.model_validate(examples["nodes"][0])
+    job = build_job(slot, "shutdown", "c1-shutdown-3", "c1", "u1", attempt=2)
+    assert job["metadata"]["annotations"] == {names.ANNOTATION_SHUTDOWN_ATTEMPT: "2"}
+    assert "annotations" not in build_job(slot, "startup", "c1-startup", "c1", "u1")["metadata"]
+
+
+def test_an_event_of_a_fact_is_said_when_events_cannot_be_listed(cluster: EmulatorServer, acts: KubeActivities) -> None:
+    """An install whose RBAC lacks `events list` (manifests older than the worker): the fact cannot be looked up, and
+    the Event is said all the same (maybe twice), never held back by a write retried for good."""
+    acts.create_claim(seed())
+    cluster.emulator.faults.append(
+        Fault(match=lambda r: r.plural == "events" and r.verb == "list", status=403, reason="Forbidden", times=None)
+    )
+    acts.record_claim(
+        c.StatusWrite(NS, "c1", status={"phase": "ready"}, event_reason="ScaleDownStarted", event_message="m",
+                      event_fact="c1: scale-down started")
+    )  # fmt: skip
+    assert sorted(e["reason"] for e in objects(cluster, "v1", "events")) == ["ClaimCreated", "ScaleDownStarted"]

@@ -14,6 +14,7 @@ from tests.chaos import Plan, run
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.long
 async def test_a_short_chaos_run_leaves_no_violation(tmp_path: Path) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(2**31))
     plan = Plan(seed, lifecycles=6, kills=5, outage=12.0, time_limit=300.0, wipes=1)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from api import names
-from api.crds import CRD_DIR, CRD_FILES, crd_schemas, crds, render, to_json_schema
+from api.crds import CHART_CRD_DIR, CRD_DIR, CRD_FILES, crd_schemas, crds, render, render_chart, to_json_schema
 from api.v2alpha1 import NodeClaim, load
 from domain import claims
 
@@ -35,13 +35,27 @@ def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str
         yield from walk(schema["additionalProperties"], f"{path}.*")
 
 
-def test_committed_crds_are_fresh() -> None:
-    rendered = render()
+@pytest.mark.parametrize(("directory", "rendered"), [(CRD_DIR, render()), (CHART_CRD_DIR, render_chart())],
+                         ids=["deploy", "chart"])  # fmt: skip
+def test_committed_crds_are_fresh(directory: Path, rendered: dict[str, str]) -> None:
+    """deploy/crds and the Helm chart's crds/ are both written by `make crds`, never by hand."""
     assert sorted(rendered) == sorted(CRD_FILES)
+    assert sorted(p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml") == sorted(CRD_FILES), (
+        f"{directory} holds a file `make crds` does not write"
+    )
     for name, text in rendered.items():
-        path = CRD_DIR / name
+        path = directory / name
         assert path.exists(), f"{path} is missing: run `make crds`"
         assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `make crds`"
+
+
+def test_the_charts_crds_are_deploys_with_the_install_label() -> None:
+    """The chart installs the CRDs deploy/ installs: the same objects, with the label every object of it carries."""
+    for name, text in render_chart().items():
+        chart = yaml.safe_load(text)
+        deploy = yaml.safe_load(render()[name])
+        assert chart["metadata"]["labels"].pop("app.kubernetes.io/part-of") == "homelab-autoscaler"
+        assert chart == deploy, name
 
 
 def test_rendering_is_deterministic() -> None:
@@ -129,6 +143,11 @@ def columns(kind: str) -> list[tuple[str, str, str, int]]:
 
 def test_printer_columns() -> None:
     age = ("Age", ".metadata.creationTimestamp", "date", 0)
+    usage = [  # what it saved (issue 35): the share off and the energy saved; the energy used with -o wide
+        ("Off%", ".status.usage.offPercent", "number", 0),
+        ("Saved(Wh)", ".status.usage.energySavedWh", "number", 0),
+        ("Used(Wh)", ".status.usage.energyUsedWh", "number", 1),
+    ]
     assert columns(names.KIND_NODECLAIM) == [
         ("Node", ".spec.node", "string", 0),
         ("Group", ".spec.group", "string", 0),
@@ -144,6 +163,7 @@ def test_printer_columns() -> None:
         ("Power", ".status.powerState", "string", 0),
         ("Phase", ".status.phase", "string", 0),
         ("Activations24h", ".status.activationsLast24H", "integer", 0),
+        *usage,
         age,
     ]
     assert columns(names.KIND_GROUP) == [
@@ -151,6 +171,7 @@ def test_printer_columns() -> None:
         ("On", ".status.on", "integer", 0),
         ("Off", ".status.off", "integer", 0),
         ("Health", ".status.health", "string", 0),
+        *usage,
         age,
     ]
 

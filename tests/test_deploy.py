@@ -10,6 +10,7 @@ against the few fields these manifests rely on.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -100,9 +101,15 @@ def _render_text(path: str) -> str:
     return result.stdout
 
 
+@functools.cache
+def _rendered(path: str) -> list[dict[str, Any]]:
+    """Parsed once: PyYAML's pure-Python parse of the rendered CRDs was most of this module's CPU time."""
+    return [doc for doc in yaml.safe_load_all(_render_text(path)) if doc]
+
+
 def render(path: str) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize deploy/<path>` produces (a fresh copy each call)."""
-    return [doc for doc in yaml.safe_load_all(_render_text(path)) if doc]
+    return copy.deepcopy(_rendered(path))
 
 
 def objects_of(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -396,8 +403,10 @@ def test_every_environment_variable_is_a_setting_of_the_role_it_configures() -> 
     assert not unknown, "not a setting of the container's command:\n" + "\n".join(sorted(unknown))
 
 
+@functools.cache
 def _help(role: str) -> str | None:
-    """`homelab-autoscaler <role> --help`, or None while the role is a placeholder that is not built yet."""
+    """`homelab-autoscaler <role> --help`, or None while the role is a placeholder that is not built yet. Asked
+    once per role: the overlays name the same roles again and again, and each asking was a process start."""
     from homelab_autoscaler import cli
 
     if role in getattr(cli, "MISSING", {}):
@@ -410,6 +419,7 @@ def _help(role: str) -> str | None:
 
 
 @needs_kubectl
+@pytest.mark.long
 def test_every_subcommand_and_flag_exists() -> None:
     not_built: set[str] = set()
     for path, workload, c in _operator_containers():
@@ -446,7 +456,7 @@ def _render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
 
 def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name() -> None:
     documented = yaml.safe_load(_install_block("yaml", "# kustomization.yaml of your overlay"))["images"][0]["name"]
-    for path in ("base", "overlays/homelab", "overlays/split"):
+    for path in ("base", "overlays/homelab", "overlays/split", "components/split"):
         kustomization = yaml.safe_load((DEPLOY / path / "kustomization.yaml").read_text())
         (entry,) = kustomization["images"]
         assert entry["name"] == "homelab-autoscaler", f"deploy/{path}: the manifests' placeholder"
@@ -738,3 +748,42 @@ def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_pat
     others = [d for d in objects_of("Deployment", docs) if d is not dep and d["metadata"]["name"].startswith("homelab")]
     envs = [_env_of(d["spec"]["template"]["spec"]["containers"][0]) for d in others]
     assert envs and not any("HOMELAB_AUTOSCALER_WEBHOOK_ADDRESS" in env for env in envs)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", ["base", "overlays/homelab", "overlays/split", "overlays/homelab-mtls",
+                                  "overlays/temporal-cluster"])  # fmt: skip
+def test_the_operator_and_its_temporal_never_stand_on_a_machine_it_powers_off(path: str) -> None:
+    """Every workload of the operator and its Temporal may only run on the control plane (tolerating its taint) or
+    a node labelled homelab-autoscaler.dev/ground=true, and tells cluster-autoscaler never to evict it: a machine
+    the operator manages is never its ground (docs/decisions.md, "The operator's ground")."""
+    workloads = [d for d in render(path) if d["kind"] in ("Deployment", "StatefulSet")]
+    assert workloads
+    for doc in workloads:
+        pod = doc["spec"]["template"]
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        keys = [(e["key"], e["operator"]) for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]]
+        assert keys == [("node-role.kubernetes.io/control-plane", "Exists"), ("homelab-autoscaler.dev/ground", "In")]
+        assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "spec"]["tolerations"], doc["metadata"]["name"]  # fmt: skip
+        assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("overlay", "components"),
+    [("overlays/temporal-cluster", ["split"]), ("overlays/homelab", ["split", "cert-manager", "admission"])],
+)
+def test_components_added_to_an_overlay_run_the_released_image(
+    tmp_path: Path, overlay: str, components: list[str]
+) -> None:
+    """docs/install.md adds components to an overlay of one's own: the Deployments a component brings come after
+    that overlay named the image, and still run the released one, never the manifests' placeholder."""
+    deploy = _deploy_dir()
+    kustomization = yaml.safe_dump({
+        "resources": [os.path.relpath(deploy / overlay, tmp_path)],
+        "components": [os.path.relpath(deploy / "components" / c, tmp_path) for c in components],
+    })  # fmt: skip
+    (released,) = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]
+    images = {c["image"] for _, c in containers(_render_overlay(tmp_path, kustomization))}
+    assert images == {f"{released['newName']}:{released['newTag']}"}

@@ -34,6 +34,7 @@ from homelab_sim.power_pods import ScriptRun, read_script, termination_message
 from kubernetes import client, watch
 
 from api import names
+from tests.procs import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "homelab.yaml"
@@ -478,11 +479,16 @@ def test_past_its_deadline_the_running_pod_is_deleted() -> None:
     spec = homelab_spec(timings={"jobSeconds": 1}, faults={"jobHangs": True})
     with HomelabServer(spec, time_scale=0.1) as server, server.api_client() as api:
         lab = Lab(server, api)
-        job = lab.job("m1", "startup", deadline=2, container=script("echo trying"))  # 0.2 s at this scale
+        # 3 s at this scale: time to read the running Pod and its log first (0.2 s was not, beside pytest-xdist's
+        # workers on a busy box: the Pod was gone before its log was read).
+        job = lab.job("m1", "startup", deadline=30, container=script("echo trying"))
         (pod,) = pods_of(lab, job)
         assert pod.status.phase == "Running" and lab.core.read_namespaced_pod_log(pod.metadata.name, NS) == "trying\n"
-        time.sleep(0.6)
-        assert pods_of(lab, job) == []
+        wait_for(
+            lambda: pods_of(lab, job) == [] and len(job_events(lab, job)) >= 3,
+            timeout=30,
+            what="the Pod deleted past the Job's deadline, and said",
+        )
         assert job_events(lab, job) == [
             ("Normal", "SuccessfulCreate", f"Created pod: {pod.metadata.name}"),
             ("Normal", "SuccessfulDelete", f"Deleted pod: {pod.metadata.name}"),

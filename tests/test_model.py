@@ -30,6 +30,7 @@ def too_many_inconclusive(inconclusive: int, examples: int) -> bool:
     return inconclusive > 3 + examples // 4
 
 
+@pytest.mark.long
 @pytest.mark.timeout(BUDGET_SECONDS + 1800)  # the last examples may start just before the budget runs out
 async def test_the_claim_law_holds_under_random_adversity() -> None:
     fixed = os.environ.get("MODEL_SEED")

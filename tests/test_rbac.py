@@ -7,8 +7,9 @@ Two sources of truth, both from the emulated API server's request log (`emulator
   roles that run outside the worker (the watchers' lists and watches across namespaces, their report write
   and Node deletion, the Lease of leader election, the provider's listings, the admission webhook's list,
   a repeated Event). It must need every rule of deploy/rbac and nothing more;
-- every other test of the session (recorded by tests/conftest.py into `RBAC_USAGE`): the last test here
-  fails on any request deploy/rbac does not grant, naming the test that made it.
+- every other test of the session (recorded by tests/conftest.py into `RBAC_USAGE`, and by `make unit`'s other
+  processes into HOMELAB_RBAC_USAGE): the last test here fails on any request deploy/rbac does not grant, naming
+  the test that made it. The module runs in the serial part of `make unit`, after the parallel one (`serial`).
 
 A namespaced request is granted by a Role or a ClusterRole; a request across all namespaces only by a
 ClusterRole bound with a ClusterRoleBinding.
@@ -25,10 +26,12 @@ import pytest
 from admission.server import Webhook
 from api import names
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, ObjectRef
-from tests.conftest import RBAC_USAGE, Use, uses_of
+from tests.conftest import Use, session_rbac_usage, uses_of
 from tests.lab import NS, homelab, open_lab
 from tests.test_deploy import needs_kubectl, render
 from workflows.group.workflow import GroupWorkflow
+
+pytestmark = pytest.mark.serial  # reads what the whole run requested: after the parallel part
 
 MIN = 60.0
 LEASE_NAMESPACE = "homelab-autoscaler-system"
@@ -160,7 +163,9 @@ def test_deploy_rbac_grants_the_workload(workload: set[Use]) -> None:
 
 @needs_kubectl
 def test_every_rule_of_deploy_rbac_is_used(workload: set[Use]) -> None:
-    used = {(u.group, u.resource, u.verb) for u in workload} | {(u.group, u.resource, u.verb) for u in RBAC_USAGE}
+    used = {(u.group, u.resource, u.verb) for u in workload} | {
+        (u.group, u.resource, u.verb) for u in session_rbac_usage()
+    }
     unused = sorted(
         (g.group or "core", g.resource, g.verb)
         for g in grants()
@@ -181,7 +186,7 @@ def test_cluster_wide_grants_are_only_what_spans_namespaces(workload: set[Use]) 
 
 
 def test_secrets_and_configmaps_are_never_requested(workload: set[Use]) -> None:
-    asked = {u for u in workload | set(RBAC_USAGE) if (u.group, u.resource.split("/")[0]) in NEVER}
+    asked = {u for u in workload | set(session_rbac_usage()) if (u.group, u.resource.split("/")[0]) in NEVER}
     assert not asked, f"the operator asked for:\n{table(asked)}"
 
 
@@ -194,11 +199,12 @@ def test_deploy_rbac_never_grants_secrets() -> None:
 @needs_kubectl
 def test_every_request_of_the_whole_suite_is_granted() -> None:
     """Runs last (tests/conftest.py orders it): every request any test's operator code made is granted."""
-    missing = {u: where for u, where in RBAC_USAGE.items() if not granted(u)}
+    usage = session_rbac_usage()
+    missing = {u: where for u, where in usage.items() if not granted(u)}
     assert not missing, "deploy/rbac does not grant what these tests' operator code requested:\n" + "\n".join(
         f"{table({u})}   (first in {where})" for u, where in sorted(missing.items())
     )
-    never = {u for u in RBAC_USAGE if (u.group, u.resource.split("/")[0]) in NEVER}
+    never = {u for u in usage if (u.group, u.resource.split("/")[0]) in NEVER}
     assert not never, f"Secrets or ConfigMaps requested:\n{table(never)}"
 
 

@@ -1,18 +1,22 @@
 """The real-cluster harness's own logic, without a cluster (`make e2e-real` runs the rest): the stand-in
 autoscaler's decisions as cluster-autoscaler makes them, the RBAC table's arithmetic over deploy/'s own rules, the
-replay's comparison, and the PKI's certificates."""
+replay's comparison, the PKI's certificates, and how cluster-autoscaler is launched from deploy/'s manifests."""
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
+from cryptography.x509 import verification
 
 from proto import externalgrpc_pb2 as pb
-from tests.realcluster import audit, pki, replay, standin
+from tests.realcluster import audit, deployed, pki, replay, standin
 from tests.realcluster.standin import GroupView, NodeShape, PodNeed, Standin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,3 +159,126 @@ def test_the_pki_issues_a_serving_and_a_client_certificate_the_ca_verifies(tmp_p
     ctx.load_cert_chain(str(client.cert), str(client.key))  # a key that does not match its certificate raises
     with pytest.raises(ssl.SSLError):
         ctx.load_cert_chain(str(client.cert), str(serving.key))
+
+
+# --- cluster-autoscaler as deploy/ runs it (deployed.py) -----------------------------------------------------------
+def test_an_override_replaces_the_manifests_value_or_is_added_and_says_why() -> None:
+    args, lines = deployed.apply_overrides(
+        ["--cloud-provider=externalgrpc", "--scan-interval=10s", "--balance-similar-node-groups"],
+        [deployed.Override("scan-interval", "5s", "short"), deployed.Override("kubeconfig", "/k", "no Pod")],
+    )
+    assert args == ["--cloud-provider=externalgrpc", "--scan-interval=5s", "--balance-similar-node-groups",
+                    "--kubeconfig=/k"]  # fmt: skip
+    assert lines == ["--scan-interval: 10s -> 5s (short)", "--kubeconfig=/k added (no Pod)"]
+    with pytest.raises(ValueError, match="--v more than once"):
+        deployed.apply_overrides(["--v=2", "--v=4"], [])
+    with pytest.raises(ValueError, match="'cluster-autoscaler'"):
+        deployed.parse_args(["cluster-autoscaler"])
+
+
+def rendered_autoscaler(cloud_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rendered kustomization as `kubectl kustomize` gives it: the Deployment and its generated ConfigMap."""
+    container = {
+        "name": "cluster-autoscaler", "args": ["--cloud-config=/etc/ca/cloud-config.yaml", "--v=2"],
+        "volumeMounts": [{"name": "cloud-config", "mountPath": "/etc/ca"}, {"name": "tls", "mountPath": "/etc/ca/tls"}],
+    }  # fmt: skip
+    items = [{"key": "c.yaml", "path": "cloud-config.yaml"}]
+    pod = {"containers": [container], "volumes": [
+        {"name": "cloud-config", "configMap": {"name": "cc-h4sh", "items": items}},
+        {"name": "tls", "secret": {"secretName": "client-tls"}},
+    ]}  # fmt: skip
+    return [
+        {"kind": "Deployment", "metadata": {"name": "cluster-autoscaler"}, "spec": {"template": {"spec": pod}}},
+        {"kind": "ConfigMap", "metadata": {"name": "cc-h4sh"}, "data": {"c.yaml": yaml.safe_dump(cloud_config)}},
+    ]
+
+
+def test_the_launch_keeps_the_manifests_flags_and_maps_its_volumes_and_address(tmp_path: Path) -> None:
+    config = {"address": "provider.ns.svc:8086", "cert": "/etc/ca/tls/tls.crt", "key": "/etc/ca/tls/tls.key",
+              "cacert": "/etc/ca/tls/ca.crt"}  # fmt: skip
+    docs = rendered_autoscaler(config)
+
+    def kubectl(*args: str) -> Any:
+        assert args[0] == "kustomize"
+        return SimpleNamespace(stdout=yaml.safe_dump_all(docs))
+
+    secrets = {"client-tls": {"tls.crt": b"C", "tls.key": b"K", "ca.crt": b"A"}}
+    launch = deployed.autoscaler_launch(kubectl, Path("/bin/ca"), "x", tmp_path, kubeconfig=Path("/k"),
+                                        metrics_port=1, provider_port=2, secrets=secrets)  # fmt: skip
+    argv = launch.argv[launch.argv.index("/bin/ca") :]
+    cloud = Path(argv[1].removeprefix("--cloud-config="))
+    assert argv[1:3] == [f"--cloud-config={cloud}", "--v=2"], "the manifest's flags, in its order"
+    assert cloud.is_relative_to(tmp_path)
+    written = yaml.safe_load(cloud.read_text())
+    assert written["address"] == "provider.ns.svc:2", "the host is kept: the certificate is checked against it"
+    assert Path(written["cert"]).read_bytes() == b"C" and Path(written["cacert"]).read_bytes() == b"A"
+    hosts = Path(launch.argv[launch.argv.index("/bin/ca") - 1]).read_text()
+    assert hosts.endswith("127.0.0.1 provider.ns.svc\n")
+    with pytest.raises(ValueError, match="under no volume mount"):
+        deployed.Volumes(docs[0]["spec"]["template"]["spec"], docs[0]["spec"]["template"]["spec"]["containers"][0],
+                         tmp_path).path("/var/run/elsewhere")  # fmt: skip
+
+
+def handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str) -> None:
+    """A TLS handshake between the two contexts in memory; raises the ssl.SSLError either side sees."""
+    s_in, s_out, c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    s = server.wrap_bio(s_in, s_out, server_side=True)
+    c = client.wrap_bio(c_in, c_out, server_hostname=hostname)
+    done = {"s": False, "c": False}
+    for _ in range(20):
+        for name, end in (("c", c), ("s", s)):
+            if not done[name]:
+                try:
+                    end.do_handshake()
+                    done[name] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            return
+    raise AssertionError("the handshake did not finish")
+
+
+def test_the_certificates_are_what_cert_manager_issues_for_deploys_certificate_resources(tmp_path: Path) -> None:
+    """The provider's certificate is a server's for the Service name cluster-autoscaler's mtls cloud-config dials
+    (and only for that name), cluster-autoscaler's is a client's, both of the one CA: an mTLS handshake passes."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy/components/cert-manager/certificates.yaml").read_text()) if d]
+    secrets = deployed.issue_as_cert_manager(docs, tmp_path)
+    assert {"homelab-autoscaler-ca", "homelab-autoscaler-provider-tls", "cluster-autoscaler-client-tls"} <= set(secrets)
+    ca = x509.load_pem_x509_certificate(secrets["homelab-autoscaler-ca"]["tls.crt"])
+    assert ca.subject.rfc4514_string() == "CN=homelab-autoscaler-ca"
+    builder = verification.PolicyBuilder().store(verification.Store([ca]))
+    provider, client = secrets["homelab-autoscaler-provider-tls"], secrets["cluster-autoscaler-client-tls"]
+    assert provider["ca.crt"] == client["ca.crt"] == secrets["homelab-autoscaler-ca"]["tls.crt"]
+    host = yaml.safe_load((ROOT / "deploy/cluster-autoscaler/mtls/cloud-config.yaml").read_text())["address"]
+    host = host.rpartition(":")[0]
+    server = x509.load_pem_x509_certificate(provider["tls.crt"])
+    builder.build_server_verifier(x509.DNSName(host)).verify(server, [])  # RFC 5280, strictly
+    with pytest.raises(verification.VerificationError):
+        builder.build_server_verifier(x509.IPAddress(ipaddress.ip_address("127.0.0.1"))).verify(server, [])
+    assert x509.load_pem_x509_certificate(client["tls.crt"]).subject.rfc4514_string() == "CN=cluster-autoscaler"
+
+    files = {}
+    for secret, keys in (("provider", provider), ("client", client)):
+        for key, data in keys.items():
+            files[(secret, key)] = tmp_path / f"{secret}-{key}"
+            files[(secret, key)].write_bytes(data)
+
+    def contexts(client_secret: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # the provider: a client certificate of its CA is required
+        srv.load_cert_chain(files[("provider", "tls.crt")], files[("provider", "tls.key")])
+        srv.load_verify_locations(files[("provider", "ca.crt")])
+        srv.verify_mode = ssl.CERT_REQUIRED
+        cli = ssl.create_default_context(cafile=str(files[("client", "ca.crt")]))
+        cli.load_cert_chain(files[(client_secret, "tls.crt")], files[(client_secret, "tls.key")])
+        return srv, cli
+
+    handshake(*contexts("client"), host)
+    with pytest.raises(ssl.SSLError):
+        handshake(*contexts("client"), "127.0.0.1")  # not a name of the provider's certificate
+    with pytest.raises(ssl.SSLError):
+        handshake(*contexts("provider"), host)  # a server certificate is no client certificate
+    with pytest.raises(ValueError, match="ECDSA P-256"):
+        rsa = [{**d, "spec": {**d["spec"], "privateKey": {"algorithm": "RSA", "size": 2048}}} for d in docs]
+        deployed.issue_as_cert_manager(rsa, tmp_path / "rsa")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from homelab_sim.emulator import Fault
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -288,6 +289,7 @@ async def test_a_claim_whose_slot_arrives_within_its_grace_is_taken_by_its_group
             watchers.close()
 
 
+@pytest.mark.long
 async def test_a_claim_whose_workflow_alone_was_terminated_is_taken_over_at_its_groups_next_signal() -> None:
     """A claim's workflow terminated in the Web UI while its group's run goes on: the group used to hold the claim
     live for good (its signals dropped, a DeleteNodes never heard). The next signal it sends finds no run, and its
@@ -346,3 +348,219 @@ async def test_a_claims_created_event_follows_its_stored_status_when_the_event_f
         await lab.wait_phase(name, "ready", within=3 * MIN)
         assert refused.times == 0, "the Events were refused"
         assert event_reasons(lab, name) == ["ClaimCreated", "ClaimBooting", "ClaimReady"]
+
+
+# --- issue 32: a claim taken over is adopted whole ---------------------------------------------------------------
+def claim_jobs(lab: Lab, name: str, job_type: str) -> list[dict[str, Any]]:
+    return [
+        j
+        for j in lab.jobs("s1")
+        if j["metadata"]["labels"].get("type") == job_type
+        and j["metadata"]["labels"].get("infra.homecluster.dev/nodeclaim") == name
+    ]
+
+
+def overlapping(lab: Lab) -> int:
+    return int(lab.lab.call(lambda h: h.stats.get("overlapping jobs", 0)))
+
+
+async def test_a_claim_taken_over_during_its_shutdown_job_awaits_that_job_and_counts_it_once() -> None:
+    """Seen: a scale-down taken over one minute into a slow shutdown Job fired a second shutdown Job while the first
+    still ran (two lifecycle Jobs on one machine) and counted both (shutdownAttempts 1 -> 2). Now the run that takes
+    the claim over finds the running Job among the claim's own, awaits it, and counts it once; ScaleDownStarted is
+    said once and ClaimCompleted cites that Job."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        lab.lab.set_fault("s1", "jobHangs")  # a slow shutdown Job
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        await lab.until(lambda: claim_jobs(lab, name, "shutdown"), within=MIN, what="its shutdown Job")
+        await lab.until(
+            lambda: stored_status(lab, name)["shutdownAttempts"] == 1, within=MIN, what="the attempt recorded"
+        )
+        await lab.advance(MIN)
+        assert await lab.lose_workflows([name], ["s1"])
+        await lab.start_group()
+        await lab.until(lambda: "ClaimTakenOver" in event_reasons(lab, name), within=MIN, what="taken over")
+        await lab.advance(2 * MIN)  # the lost run's Job is still running: nothing is fired beside it
+        assert len(claim_jobs(lab, name, "shutdown")) == 1 and overlapping(lab) == 0
+        assert stored_status(lab, name)["shutdownAttempts"] == 1
+        assert lab.lab.end_hanging_jobs("s1")  # the slow Job ends
+        lab.lab.set_fault("s1", "jobHangs", False)
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["reason"] == "NodeDeleted" and st["shutdownAttempts"] == 1 and lab.lab.power("s1") == "off"
+        (job,) = claim_jobs(lab, name, "shutdown")
+        assert overlapping(lab) == 0
+        reasons = event_reasons(lab, name)
+        assert reasons.count("ScaleDownStarted") == 1, reasons
+        (done,) = [e["message"] for e in lab.events(name) if e["reason"] == "ClaimCompleted"]
+        assert f"Job {job['metadata']['name']}," in done, done
+        await lab.record("taken_over_shutdown_job")
+
+
+async def test_a_shutdown_job_fired_but_not_recorded_by_the_lost_run_is_counted_once() -> None:
+    """The run was lost between its shutdown Job and the record of that attempt: the Job says which attempt it is
+    (an annotation), so the run that takes over counts it, once, and fires nothing beside it."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        lab.lab.set_fault("s1", "jobHangs")
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        await lab.until(
+            lambda: stored_status(lab, name)["shutdownAttempts"] == 1, within=MIN, what="the attempt recorded"
+        )
+        (job,) = claim_jobs(lab, name, "shutdown")
+        assert job["metadata"]["annotations"]["infra.homecluster.dev/shutdown-attempt"] == "1"
+        assert await lab.lose_workflows([name], ["s1"])
+        # What the resource holds had the run been lost before recording the attempt (the Job stands).
+        lab.kube.patch_raw(
+            CLAIMS, NS, name, {"status": {"shutdownAttempts": 0, "lastShutdownAttemptAt": None}}, status=True
+        )
+        await lab.start_group()
+        await lab.until(lambda: "ClaimTakenOver" in event_reasons(lab, name), within=MIN, what="taken over")
+        await lab.until(
+            lambda: stored_status(lab, name)["shutdownAttempts"] == 1, within=MIN, what="the attempt counted"
+        )
+        await lab.advance(MIN)
+        assert len(claim_jobs(lab, name, "shutdown")) == 1 and overlapping(lab) == 0
+        lab.lab.set_fault("s1", "jobHangs", False)
+        assert lab.lab.end_hanging_jobs("s1")
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["shutdownAttempts"] == 1 and len(claim_jobs(lab, name, "shutdown")) == 1
+
+
+async def test_a_claim_taken_over_during_its_startup_job_waits_for_it_before_the_registration_check() -> None:
+    """Seen: a booting claim taken over while its startup Job ran started the 90 s registration check at once and
+    failed ReadinessGateTimeout while the Job still had minutes to go (the machine then booted with no claim). Now
+    the run monitors the lost run's startup Job to its end; the registration check starts after it."""
+    async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        await lab.advance(MIN)
+        assert await lab.lose_workflows([name], ["s1"])
+        await lab.start_group()
+        await lab.until(lambda: "ClaimTakenOver" in event_reasons(lab, name), within=MIN, what="taken over")
+        await lab.advance(2 * MIN)  # past the 90 s registration check, within the Job's 5 minutes
+        assert stored_status(lab, name)["phase"] == "booting", stored_status(lab, name)
+        assert len(claim_jobs(lab, name, "startup")) == 1 and overlapping(lab) == 0
+        lab.lab.set_fault("s1", "jobHangs", False)
+        assert lab.lab.end_hanging_jobs("s1")
+        st = await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert st["reason"] is None and lab.lab.power("s1") == "on"
+        assert len(claim_jobs(lab, name, "startup")) == 1
+        await lab.record("taken_over_startup_job")
+
+
+async def test_a_taken_over_startup_jobs_budget_counts_from_the_job() -> None:
+    """A startup Job that never ends times out five minutes after it started, as the lost run would have timed it
+    out, not five minutes after the take-over."""
+    async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        committed = datetime.fromisoformat(
+            str(condition_since(stored_status(lab, name), "MachineCommitted")).replace("Z", "+00:00")
+        )
+        await lab.advance(3 * MIN)
+        assert await lab.lose_workflows([name], ["s1"])
+        await lab.start_group()
+        st = await lab.wait_phase(name, "failed", within=5 * MIN, step=15)
+        assert st["reason"] == "StartupJobTimeout", st
+        finished = datetime.fromisoformat(st["finishedAt"].replace("Z", "+00:00"))
+        assert finished < committed + TIMINGS.job_timeout + TIMINGS.job_monitor_poll_interval + timedelta(seconds=5)
+
+
+async def test_a_worker_restart_during_running_jobs_waits_them_out_once() -> None:
+    """Without a loss, a restarted worker replays the claim and holds its Jobs: one startup Job, one shutdown Job,
+    no second one beside either, the attempt counted once."""
+    async with open_lab(homelab([slot("s1", jobHangs=True)]), cached_workflows=0, sandboxed=False) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "booting", within=MIN)
+        await lab.advance(MIN)
+        await lab.restart_worker()
+        await lab.advance(2 * MIN)
+        assert await lab.phase(name) == "booting" and len(claim_jobs(lab, name, "startup")) == 1
+        assert lab.lab.end_hanging_jobs("s1")
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        await lab.until(lambda: claim_jobs(lab, name, "shutdown"), within=MIN, what="its shutdown Job")
+        await lab.advance(MIN)
+        await lab.restart_worker()
+        await lab.advance(2 * MIN)
+        assert len(claim_jobs(lab, name, "shutdown")) == 1 and (await lab.status(name))["shutdownAttempts"] == 1
+        lab.lab.set_fault("s1", "jobHangs", False)
+        assert lab.lab.end_hanging_jobs("s1")
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["shutdownAttempts"] == 1 and len(claim_jobs(lab, name, "shutdown")) == 1 and overlapping(lab) == 0
+
+
+async def test_a_hand_applied_claim_carries_its_slots_labels_owner_and_deadline() -> None:
+    """A claim applied as deploy/examples/nodeclaim.yaml is (no labels, no owner, no deadline) ran to ready, but
+    `kubectl get nodeclaim -l infra.homecluster.dev/node=<slot>` did not list it, deleting its slot did not take it
+    along, and its Deadline column stayed empty. The first run that holds it writes them, in one write."""
+    async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:
+        await lab.start_group()
+        apply_claim(lab, "by-hand", "s1", requestedAt=None)
+        await lab.group().signal(GroupWorkflow.refresh)
+        await lab.wait_phase("by-hand", "booting", within=MIN)
+        res = lab.claim_resource("by-hand")
+        assert res is not None
+        listed = lab.kube.list_raw(CLAIMS, NS, "infra.homecluster.dev/node=s1,infra.homecluster.dev/group=g")[0]
+        assert [o["metadata"]["name"] for o in listed] == ["by-hand"]
+        slot_obj = lab.lab.call(lambda h: h.emulator.get_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s1"))
+        assert slot_obj is not None
+        (owner,) = res["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", "s1", slot_obj["metadata"]["uid"])
+        assert not owner.get("controller")
+        known = (await lab.status("by-hand"))["deadlineAt"]
+        assert datetime.fromisoformat(res["spec"]["deadlineAt"].replace("Z", "+00:00")) == datetime.fromisoformat(known)
+        lab.lab.set_fault("s1", "jobHangs", False)
+        assert lab.lab.end_hanging_jobs("s1")
+        await lab.wait_phase("by-hand", "ready", within=3 * MIN)
+        identity_writes = [
+            r for r in lab.lab.emulator.requests
+            if r.plural == "nodeclaims" and r.name == "by-hand" and r.verb == "patch" and not r.subresource
+            and "ownerReferences" in str(r.body)
+        ]  # fmt: skip
+        assert len(identity_writes) == 1, identity_writes
+        # Deleting the slot takes the claim along (the garbage collector, then its workflow lets it go).
+        lab.lab.call(lambda h: h.emulator.delete_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s1"))
+        await lab.group().signal(GroupWorkflow.refresh)
+        await lab.until(lambda: lab.claim_resource("by-hand") is None, within=3 * MIN, step=10, what="taken along")
+        await lab.record("hand_applied_identity")
+
+
+async def a_spent_streak(lab: Lab) -> str:
+    """A ready claim scaled down whose machine ignores its shutdown Jobs, until its streak is spent and said."""
+    name = await one_claim(lab)
+    await lab.wait_phase(name, "ready", within=3 * MIN)
+    await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"])
+    await lab.until(
+        lambda: "ShutdownAttemptLimitReached" in event_reasons(lab, name), within=25 * MIN, step=30, what="spent"
+    )
+    return name
+
+
+async def test_a_taken_over_spent_streak_says_its_limit_once() -> None:
+    """Seen: ShutdownAttemptLimitReached published again by the run that took over a spent streak. An Event says a
+    fact once, whatever run says it."""
+    async with open_lab(homelab([slot("s1", shutdownDoesNothing=True)])) as lab:
+        name = await a_spent_streak(lab)
+        await lab.advance(MIN)
+        assert await lab.lose_workflows([name], ["s1"])
+        await lab.start_group()
+        await lab.until(lambda: "ClaimTakenOver" in event_reasons(lab, name), within=MIN, what="taken over")
+        await lab.advance(5 * MIN)
+        assert event_reasons(lab, name).count("ShutdownAttemptLimitReached") == 1, event_reasons(lab, name)
+        assert stored_status(lab, name)["shutdownAttempts"] == TIMINGS.max_consecutive_attempts
+        await lab.record("taken_over_spent_streak")
+
+
+async def test_a_scale_down_resumed_after_its_grace_is_started_once() -> None:
+    """Seen: ScaleDownStarted published again when a scale-down resumed after the 30-minute grace (the streak's count
+    restarts; the scale-down does not)."""
+    async with open_lab(homelab([slot("s1", shutdownDoesNothing=True)])) as lab:
+        name = await a_spent_streak(lab)
+        lab.lab.set_fault("s1", "shutdownDoesNothing", False)
+        st = await lab.wait_phase(name, "completed", within=45 * MIN, step=60)
+        assert st["shutdownAttempts"] == 1, "resumed after the grace"
+        assert event_reasons(lab, name).count("ScaleDownStarted") == 1, event_reasons(lab, name)

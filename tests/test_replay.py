@@ -7,6 +7,8 @@ must replay the older generations as they are. Deleting one is for a drained, in
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +25,47 @@ from homelab_autoscaler.temporal import DATA_CONVERTER, sandbox_runner
 from workflows.registry import WORKFLOWS
 
 HISTORIES = Path(__file__).parent / "histories"
+# The corpus replays in this many parts, each a test of its own, so that pytest-xdist's workers share it (the whole
+# corpus in one test was minutes on one core). Part i holds every PARTS-th file from the i-th on.
+PARTS = 8
 
 
-def histories() -> list[WorkflowHistory]:
-    files = sorted(HISTORIES.glob("*.json"))
-    return [WorkflowHistory.from_json(f.stem, f.read_text()) for f in files]
+def history_files() -> list[Path]:
+    return sorted(HISTORIES.glob("*.json"))
+
+
+def histories(files: list[Path] | None = None) -> list[WorkflowHistory]:
+    """The recorded histories of `files` (all by default), parsed: the protobuf JSON parse is slow, so only those."""
+    return [WorkflowHistory.from_json(f.stem, f.read_text()) for f in (history_files() if files is None else files)]
 
 
 def test_histories_are_recorded() -> None:
-    found = histories()
+    found = history_files()
     assert len(found) >= 20, "record them with `make histories TAG=<generation>`"
-    types = {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in found}
+    # The first event's workflow type, read as plain JSON (parsing 34 MB of histories as protobuf took 20 s).
+    started = [json.loads(f.read_text())["events"][0] for f in found]
+    types = {e["workflowExecutionStartedEventAttributes"]["workflowType"]["name"] for e in started}
     assert types == {"GroupWorkflow", "NodeClaimWorkflow", "ReleaseWorkflow"}
 
 
-async def test_every_recorded_history_replays() -> None:
+async def each(found: list[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
+    for history in found:
+        yield history
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("part", range(PARTS), ids=lambda i: f"part-{i + 1}-of-{PARTS}")
+async def test_every_recorded_history_replays(part: int) -> None:
+    files = history_files()[part::PARTS]
+    assert files, f"part {part + 1} of {PARTS} holds no history"
+    found = histories(files)
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=sandbox_runner())
-    for history in histories():
-        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-        assert result.replay_failure is None, f"{history.workflow_id}: {result.replay_failure}"
+    # One replay worker for the part (a worker per history cost a second of real time each on a busy machine).
+    results = await replayer.replay_workflows(each(found), raise_on_replay_failure=False)
+    by_run = {h.run_id: h.workflow_id for h in found}
+    assert len(by_run) == len(found), "two recorded histories of one run"
+    failures = {f"{by_run.get(run, run)} (run {run})": err for run, err in results.replay_failures.items()}
+    assert not failures, "\n".join(f"{where}: {err}" for where, err in failures.items())
 
 
 @pytest.mark.parametrize(
@@ -65,7 +89,8 @@ async def test_a_changed_transition_without_a_patch_fails_replay(
 
     monkeypatch.setattr(module, "launch", launch_without_finalizer)
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER, workflow_runner=UnsandboxedWorkflowRunner())
-    booted = [h for h in histories() if h.workflow_id.startswith(f"{generation}boot_ends_ready") and _is_claim(h)]
+    files = [f for f in history_files() if f.stem.startswith(f"{generation}boot_ends_ready")]
+    booted = [h for h in histories(files) if _is_claim(h)]
     assert booted
     result = await replayer.replay_workflow(booted[0], raise_on_replay_failure=False)
     assert isinstance(result.replay_failure, workflow.NondeterminismError), result.replay_failure

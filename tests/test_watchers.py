@@ -109,8 +109,10 @@ async def test_group_workflow_started_for_every_group_and_reports_written() -> N
         assert slot_status(lab, "s1")["powerState"] == "off"
         reported = group_status(lab)
         conditions = {cond["type"]: cond["status"] for cond in reported.pop("conditions")}
+        figures = reported.pop("usage")
         assert reported == {"slots": 2, "on": 0, "off": 2, "health": "healthy"}
         assert conditions == {"Valid": "True", "Healthy": "True"}
+        assert (figures["boots"], figures["onSeconds"], figures["energySlots"]) == (0, 0, 0), figures
 
 
 # --- adoption: installing the operator powers nothing off -------------------------------------------------

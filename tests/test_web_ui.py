@@ -105,7 +105,7 @@ async def demo(tmp_path: Path) -> AsyncIterator[Demo]:
     with server, process(sim, log=tmp_path / "sim.log"):
         worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", server.address,
                   "--kube-server", f"http://127.0.0.1:{port}",
-                  "--metrics-address", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+                  "--metrics-address", f"127.0.0.1:{metrics_port}", "--health-port", "0"]  # fmt: skip
         with process(worker, log=tmp_path / "worker.log") as proc:
             wait_for(lambda: port_open(port), timeout=20, what="the simulated homelab's API server")
             client = await Client.connect(server.address, data_converter=DATA_CONVERTER)
@@ -163,6 +163,7 @@ async def timer_summaries(handle: WorkflowHandle[Any, Any]) -> set[str]:
     }
 
 
+@pytest.mark.long
 async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: Path) -> None:
     ready, failed = demo.by_phase("ready"), demo.by_phase("failed")
     group_id = c.group_workflow_id(NS, GROUP)

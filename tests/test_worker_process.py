@@ -47,7 +47,7 @@ async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnviro
     sim = [str(BIN / "python"), "-m", "homelab_sim", "--port", str(port), "--time-scale", "0"]
     worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", address,
               "--kube-server", f"http://127.0.0.1:{port}",
-              "--metrics-address", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+              "--metrics-address", f"127.0.0.1:{metrics_port}", "--health-port", "0"]  # fmt: skip
     with process(sim, log=tmp_path / "sim.log"), process(worker, log=tmp_path / "worker.log") as proc:
         wait_for(lambda: port_open(port), timeout=20, what="the simulated homelab's API server")
         group = await dev_server.client.start_workflow(
@@ -121,6 +121,11 @@ async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path)
             address,
             "--kube-server",
             "http://127.0.0.1:9",
+            # Ports of its own: the defaults (8081, 9464) may be held by another test of the run (pytest-xdist).
+            "--health-port",
+            "0",
+            "--metrics-address",
+            f"127.0.0.1:{free_port()}",
         ]
         with process(worker, log=tmp_path / "worker.log") as proc:
             assert await asyncio.to_thread(proc.wait, 60) == 2

@@ -104,7 +104,9 @@ class Dispatcher:
         await self.writer.everything(self.clock())
 
     def stop_acting(self) -> None:
+        """Another replica writes from now on: the usage tallies are forgotten (it resumes them from the status)."""
         self.acting = False
+        self.writer.usage.forget()
 
     # --- observations ------------------------------------------------------------------------------------
     def observation(self, key: Key) -> c.Observation | None:
@@ -469,6 +471,7 @@ class Dispatcher:
         ns = key[0]
         if event.type != DELETED and self.acting:
             await self.writer.warn_invalid(KIND_NODE, obj, views.slot_problem(obj), self.clock())
+            await self.writer.warn_annotation(KIND_NODE, obj, self.clock())
         if event.type == DELETED:
             self.sent.pop(key, None)
             self._note_homeless_of(lambda claim: key_of(claim)[0] == ns and spec(claim).get("node") == key[1])
@@ -481,6 +484,8 @@ class Dispatcher:
             meta(old).get(f) != meta(obj).get(f) for f in ("generation", "deletionTimestamp", "uid")
         )
         if not changed:
+            if views.usage_reset(old) != views.usage_reset(obj):
+                await self._reports([key])  # a reset of its usage figures asked for: its report says it
             return  # a status write (ours): nothing a workflow decides from
         groups = {str(spec(obj).get("group") or ""), str(spec(old).get("group") or "")} - {""}
         if not relisting:
@@ -511,9 +516,12 @@ class Dispatcher:
         if self.acting:
             found = views.group_spec(obj)
             await self.writer.warn_invalid(KIND_GROUP, obj, found if isinstance(found, str) else "", self.clock())
+            await self.writer.warn_annotation(KIND_GROUP, obj, self.clock())
         if old is not None and all(
             meta(old).get(f) == meta(obj).get(f) for f in ("generation", "deletionTimestamp", "uid")
         ):
+            if views.usage_reset(old) != views.usage_reset(obj):  # a reset of its slots' usage figures asked for
+                await self._reports(self.cluster.slots_of_group(ns, name), {key})
             return  # a status write
         await self._refresh(ns, name)
         slots = self.cluster.slots_of_group(ns, name)

@@ -12,10 +12,12 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client
+from temporalio.common import MetricMeter
 
 from api.contracts import TASK_QUEUE
 from domain.timings import TIMINGS
@@ -50,18 +52,21 @@ class Watchers:
         namespaces: tuple[str, ...] | list[str] = (),
         elector: LeaderElector | None = None,
         clock: Callable[[], datetime] = utc_now,
+        monotonic: Callable[[], float] = time.monotonic,
         window: int = 30,
         resync: timedelta = timedelta(minutes=5),
         coalesce: timedelta = TIMINGS.report_coalesce,
+        meter: MetricMeter | None = None,
     ) -> None:
         self.kube = kube
         self.coalesce = coalesce
         self.signals = signals
         self.elector = elector
         self.clock = clock
+        self.monotonic = monotonic
         self.resync = resync
         self.cluster = Cluster()
-        self.writer = ReportWriter(kube, self.cluster)
+        self.writer = ReportWriter(kube, self.cluster, meter=meter, monotonic=monotonic)
         self.dispatcher = Dispatcher(self.cluster, signals, self.writer, clock=clock)
         spaces: list[str | None] = list(namespaces) or [None]
         self.sources: list[Source] = []
@@ -169,18 +174,28 @@ class Watchers:
                 log.exception("report pass failed")
 
     async def _expiry(self) -> None:
-        """The history's expiry pass, due when the oldest row leaves its window, and a periodic resync."""
+        """The history's expiry pass, due when the oldest row leaves its window, and a periodic resync; between
+        them, the usage tick (every slot's time counted, the figures written where due)."""
+        full_at = self.monotonic() + self.resync.total_seconds()
         while True:
             now = self.clock()
             due = self.writer.next_expiry()
             # At least a second: a follower does not prune, so a past expiry must not make this spin.
-            wait = self.resync if due is None else min(self.resync, max(due - now, timedelta(seconds=1)))
+            wait = min(self.resync, TIMINGS.usage_tick)
+            if due is not None:
+                wait = min(wait, max(due - now, timedelta(seconds=1)))
             await asyncio.sleep(wait.total_seconds())
-            if self.dispatcher.acting:
-                try:
-                    await self.writer.everything(self.clock())
-                except Exception:
-                    log.exception("report pass failed")
+            if not self.dispatcher.acting:
+                continue
+            now = self.clock()
+            full = self.monotonic() >= full_at or (due is not None and now >= due)
+            try:
+                if full:
+                    full_at = self.monotonic() + self.resync.total_seconds()
+                    await self.writer.everything(now)
+                await self.writer.count(now)
+            except Exception:
+                log.exception("report pass failed")
 
     async def _refuse_homeless(self) -> None:
         """Claims no group can take are failed when their grace has passed: woken by a new one, or the earliest due
@@ -236,10 +251,16 @@ class Watchers:
 
 
 def build_watchers(
-    settings: WatchSettings, client: Client, kube: Kube, *, namespaces: Sequence[str], task_queue: str = TASK_QUEUE
+    settings: WatchSettings,
+    client: Client,
+    kube: Kube,
+    *,
+    namespaces: Sequence[str],
+    task_queue: str = TASK_QUEUE,
+    meter: MetricMeter | None = None,
 ) -> Watchers:
     """The `watch` role as the composition root hands it its client and adapter: watches of `namespaces`,
-    signals (and workflow starts on `task_queue`), the Lease."""
+    signals (and workflow starts on `task_queue`), the Lease, and the meter of the process's /metrics."""
     elector = LeaderElector(
         kube,
         settings.lease_namespace,
@@ -254,4 +275,5 @@ def build_watchers(
         elector=elector,
         window=settings.watch_window_seconds,
         resync=timedelta(seconds=settings.resync_seconds),
+        meter=meter,
     )

@@ -20,6 +20,10 @@ Decisions:
 * Group health: `unknown` with no slots; a slot is in trouble when its newest claim failed or when a ready
   claim's machine is not usable (reported booting); `offline` when every slot is, `degraded` when some are,
   `healthy` otherwise.
+* Usage figures (`status.usage` of slots and groups, issue 35): the writer keeps each slot's tally in memory
+  (`watchers.usage.UsageBook`), counts it at every look (an event, the tick, the resync), and writes it with any
+  report write, at once when something other than time changed, else once per flush interval. The group's figures
+  are its slots' tallies summed at one instant, written by this writer too: one writer, the leader, for both.
 * `powerOffNodePolicy: Delete`: the kubelet Node is deleted once the slot's newest claim has ended with its
   `MachineObservedOff` condition True, no claim is live and the Node is not Ready; a template of the Node
   (labels, lasting taints, capacity, allocatable) is written into `status.nodeTemplate` first, and the Node is
@@ -30,14 +34,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
+from temporalio.common import MetricMeter
 
 from api.names import (
+    KIND_NODE,
     LABEL_GROUP,
     LABEL_NODE,
     ClaimPhase,
@@ -47,11 +54,12 @@ from api.names import (
     PowerOffNodePolicy,
     PowerState,
     Report,
+    UsageState,
     label_value,
     provider_id,
 )
-from api.v2alpha1 import ClaimDigest, Condition, NodeStatus, NodeTemplate
-from domain import claims, history, law
+from api.v2alpha1 import ClaimDigest, Condition, GroupUsage, NodeStatus, NodeTemplate, SlotUsage
+from domain import claims, history, law, usage
 from kube import views
 from kube.adapter import GROUPS, SLOTS, Kube, ObjectRef
 from kube.errors import Conflict, KubeError, NotFound
@@ -64,6 +72,7 @@ from watchers.cluster import (
     claim_phase,
     newer_or_same,
 )
+from watchers.usage import Entry, UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -276,13 +285,21 @@ class ReportWriter:
     MarkedForDeletion condition, or its deletionTimestamp), so a report costs no Temporal round trip per claim.
     """
 
-    def __init__(self, kube: Kube, cluster: Cluster) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        cluster: Cluster,
+        *,
+        meter: MetricMeter | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.cluster = cluster
         self.slot_writes = 0
         self.group_writes = 0
         self.deleted_nodes: list[str] = []
         self.warned: set[tuple[str, str, str, str]] = set()  # (kind, namespace, uid, generation) already warned
+        self.usage = UsageBook(meter, monotonic=monotonic)
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The adapter is synchronous: run it off the event loop, so signals and workflows keep moving."""
@@ -326,19 +343,20 @@ class ReportWriter:
         )
         return facts, node, delete_node
 
-    async def slot(self, key: Key, now: datetime) -> bool:
+    async def slot(self, key: Key, now: datetime, *, flush_early: bool = False) -> bool:
         """Bring one slot's report up to date; True when something was written. A slot being deleted is left.
 
         An API failure leaves the report for the next pass (every event and the resync bring one): one line in
-        the log, never an exception out of the watchers.
+        the log, never an exception out of the watchers. `flush_early`: the tick's pass, which writes usage figures
+        half a flush interval old, so the flushes of many slots bunch into few passes.
         """
         try:
-            return await self._slot(key, now)
+            return await self._slot(key, now, flush_early)
         except KubeError as err:
             log.warning("slot %s/%s: report not written this time: %s", key[0], key[1], err)
             return False
 
-    async def _slot(self, key: Key, now: datetime) -> bool:
+    async def _slot(self, key: Key, now: datetime, flush_early: bool = False) -> bool:
         for _ in range(WRITE_ATTEMPTS):
             raw = self.cluster.slots.get(key)
             if raw is None or meta(raw).get("deletionTimestamp"):
@@ -348,6 +366,9 @@ class ReportWriter:
                 await self._stamp_identity(key, raw, node)
             current = parse_status(raw)
             desired = slot_status(current, facts, now)
+            entry = self.look(key, raw, usage.state_of(report_of(facts), facts.power), current.usage, now)
+            if status_patch(current, desired) or self.usage.due(key, current.usage, early=flush_early):
+                desired = desired.model_copy(update={"usage": self.usage.status_of(entry)})
             patch = status_patch(current, desired)
             if not patch:
                 return False
@@ -367,11 +388,74 @@ class ReportWriter:
                 return False
             self.slot_writes += 1
             self._remember_slot(key, _dump(written))
+            if "usage" in patch:
+                await self._usage_written(key, raw, now)
             if delete_node and node is not None:
                 await self._delete_node(node)
             return True
         log.warning("slot %s/%s: report not written, it kept changing under the writer", *key)
         return False
+
+    # --- usage figures -----------------------------------------------------------------------------------
+    def look(self, key: Key, slot: JSON, state: UsageState, stored: SlotUsage | None, now: datetime) -> Entry:
+        """Count the slot's time up to now in the usage book (`stored`: its figures as the status holds them), with
+        its draw and reset request as the slot and its Group say them now."""
+        group = self.cluster.group_of(key)
+        draw = usage.effective_draw(views.power_draw(slot), views.power_draw(group))
+        asked = [when for when in (views.usage_reset(slot)[0], views.usage_reset(group)[0]) if when is not None]
+        return self.usage.look(key, slot, stored, state, draw, max(asked, default=None), now)
+
+    async def _usage_written(self, key: Key, slot: JSON, now: datetime) -> None:
+        """The figures landed: a period a reset ended is said in an Event on the slot (its figures are not lost)."""
+        ended = self.usage.flushed(key)
+        entry = self.usage.entries.get(key)
+        if ended is None or entry is None:
+            return
+        m = meta(slot)
+        ref = ObjectRef(KIND_NODE, key[0], key[1], str(m.get("uid") or ""))
+        message = usage.reset_message(ended, entry.draw, entry.tally)
+        try:
+            await self._io(self.kube.create_event, ref, EventReason.USAGE_RESET, message, warning=False, now=now)
+        except KubeError as err:
+            log.warning("slot %s/%s: UsageReset Event not written: %s", key[0], key[1], err)
+
+    async def count(self, now: datetime) -> int:
+        """The tick: every slot's time counted (so the /metrics counters lag by one tick at most), and the usage
+        figures written where they are due; the number of writes."""
+        written = 0
+        keys = [k for k in self.cluster.all_slots() if not meta(self.cluster.slots[k]).get("deletionTimestamp")]
+        self.usage.forget(keep=keys)
+        for key in keys:
+            slot = self.cluster.slots.get(key)  # a slot deleted while an earlier one was written is skipped
+            if slot is None:
+                continue
+            stored = stored_usage(slot)  # the figures only: the tick parses no history
+            self.look(key, slot, self.usage_state(key, slot), stored, now)
+            if self.usage.due(key, stored, early=True):
+                written += await self.slot(key, now, flush_early=True)
+        for (namespace, name), raw in sorted(self.cluster.groups.items()):
+            figures = self.usage.group_usage(self.cluster.slots_of_group(namespace, name), now)
+            held = _group_usage(status(raw).get("usage"))
+            if self.usage.group_due((namespace, name), held, figures, early=True):  # else no facts are read
+                written += await self.group(namespace, name, now, flush_early=True)
+        return written
+
+    def usage_state(self, key: Key, slot: JSON) -> UsageState:
+        """The slot's usage state from the picture, without the rest of its facts (the tick looks at every slot)."""
+        cl = self.cluster
+        live = cl.live_claim(key)
+        marked = live is not None and (
+            bool(meta(live).get("deletionTimestamp")) or _condition_true(live, "MarkedForDeletion")
+        )
+        power = law.power_of(cl.node_of(slot))
+        return usage.state_for(None if live is None else claim_phase(live), marked, power)
+
+    async def warn_annotation(self, kind: str, obj: Mapping[str, Any], now: datetime) -> bool:
+        """A reset-usage annotation that is no time: one Warning Event per value, naming the annotation."""
+        problem = views.usage_reset(obj)[1]
+        if not problem:
+            return False
+        return await self.warn_invalid(kind, obj, problem, now, reason=EventReason.INVALID_ANNOTATION, version=problem)
 
     def _remember_slot(self, key: Key, obj: JSON) -> None:
         if newer_or_same(obj, self.cluster.slots.get(key)):
@@ -404,23 +488,35 @@ class ReportWriter:
         if newer_or_same(stamped, self.cluster.nodes.get(name)):
             self.cluster.nodes[name] = stamped
 
-    async def warn_invalid(self, kind: str, obj: Mapping[str, Any], problem: str, now: datetime) -> bool:
+    async def warn_invalid(
+        self,
+        kind: str,
+        obj: Mapping[str, Any],
+        problem: str,
+        now: datetime,
+        *,
+        reason: EventReason = EventReason.INVALID_SPEC,
+        version: str = "",
+    ) -> bool:
         """One Warning Event per version of an object the operator cannot use, naming the field (never a pod
         spec's value): the object is skipped everywhere, and this is how its owner hears why. True when sent.
+        `version` says what a new version is when it is not the spec's generation (an annotation's value).
         """
         m = meta(obj)
-        ident = (kind, str(m.get("namespace") or ""), str(m.get("uid") or ""), str(m.get("generation") or ""))
+        which = version or str(m.get("generation") or "")
+        ident = (kind, str(m.get("namespace") or ""), str(m.get("uid") or ""), which)
         if not problem or ident in self.warned:
             return False
         self.warned.add(ident)
         ref = ObjectRef(kind, ident[1], str(m.get("name") or ""), ident[2])
         try:
-            await self._io(self.kube.create_event, ref, EventReason.INVALID_SPEC, problem, warning=True, now=now)
+            await self._io(self.kube.create_event, ref, reason, problem, warning=True, now=now)
         except KubeError as err:
             self.warned.discard(ident)
             log.warning("%s %s/%s: Warning Event not written: %s", kind, ident[1], ref.name, err)
             return False
-        log.warning("%s %s/%s cannot be used: %s", kind, ident[1], ref.name, problem)
+        said = "cannot be used" if reason is EventReason.INVALID_SPEC else "is refused"
+        log.warning("%s %s/%s %s: %s", kind, ident[1], ref.name, said, problem)
         return True
 
     async def _delete_node(self, node: JSON) -> None:
@@ -437,25 +533,32 @@ class ReportWriter:
         log.info("deleted kubelet Node %s: its machine was verified off (powerOffNodePolicy Delete)", name)
 
     # --- groups ------------------------------------------------------------------------------------------
-    async def group(self, namespace: str, name: str, now: datetime) -> bool:
-        """The observed half of Group.status (slots, on, off, health, conditions); True when it was written.
+    async def group(self, namespace: str, name: str, now: datetime, *, flush_early: bool = False) -> bool:
+        """The observed half of Group.status (slots, on, off, health, conditions, usage); True when it was written.
 
         An API failure leaves it for the next pass, like a slot's report.
         """
         try:
-            return await self._group(namespace, name, now)
+            return await self._group(namespace, name, now, flush_early)
         except KubeError as err:
             log.warning("group %s/%s: report not written this time: %s", namespace, name, err)
             return False
 
-    async def _group(self, namespace: str, name: str, now: datetime) -> bool:
+    async def _group(self, namespace: str, name: str, now: datetime, flush_early: bool = False) -> bool:
         for _ in range(WRITE_ATTEMPTS):
             raw = self.cluster.groups.get((namespace, name))
             if raw is None or meta(raw).get("deletionTimestamp"):
                 return False
-            want = await self._group_counts(namespace, name, now)
+            want, keys = await self._group_counts(namespace, name, now)
             have = status(raw)
             patch = {k: v for k, v in want.items() if k not in have or have[k] != v}
+            figures = self.usage.group_usage(keys, now)
+            stored = _group_usage(have.get("usage"))
+            due = self.usage.group_due((namespace, name), stored, figures, early=flush_early)
+            if figures is not None and (patch or due):
+                diff = merge_diff(have.get("usage") or {}, _dump(figures))
+                if diff:
+                    patch["usage"] = diff
             if not patch:
                 return False
             try:
@@ -476,13 +579,15 @@ class ReportWriter:
                 self.cluster.groups.pop((namespace, name), None)
                 return False
             self.group_writes += 1
+            if "usage" in patch:
+                self.usage.group_written((namespace, name))
             obj = _dump(written)
             if newer_or_same(obj, self.cluster.groups.get((namespace, name))):
                 self.cluster.groups[(namespace, name)] = obj
             return True
         return False
 
-    async def _group_counts(self, namespace: str, name: str, now: datetime) -> JSON:
+    async def _group_counts(self, namespace: str, name: str, now: datetime) -> tuple[JSON, list[Key]]:
         keys = [
             k
             for k in self.cluster.slots_of_group(namespace, name)
@@ -493,6 +598,8 @@ class ReportWriter:
         why: list[str] = []
         for key in keys:
             facts, _, _ = await self.facts(key, now)
+            slot = self.cluster.slots.get(key) or {}
+            self.look(key, slot, usage.state_of(report_of(facts), facts.power), stored_usage(slot), now)
             on += facts.power == PowerState.ON
             newest = self.cluster.newest_claim(key)
             failed = newest is not None and claim_phase(newest) == ClaimPhase.FAILED
@@ -504,13 +611,14 @@ class ReportWriter:
                 why.append(f"{key[1]}: ready claim, but the node is not usable")
         raw = self.cluster.groups.get((namespace, name))
         health = group_health(troubled)
-        return {
+        counts = {
             "slots": len(keys),
             "on": on,
             "off": len(keys) - on,
             "health": str(health),
             "conditions": group_conditions(raw, health, why, now),
         }
+        return counts, keys
 
     # --- every report ------------------------------------------------------------------------------------
     async def everything(self, now: datetime) -> int:
@@ -527,6 +635,27 @@ class ReportWriter:
         due = [history.next_expiry(parse_status(s)) for s in self.cluster.slots.values()]
         found = [d for d in due if d is not None]
         return min(found) if found else None
+
+
+def stored_usage(slot: Mapping[str, Any] | None) -> SlotUsage | None:
+    """A slot's usage figures as its status holds them (None when absent or unreadable: they start over)."""
+    raw = status(slot).get("usage")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return SlotUsage.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def _group_usage(raw: Any) -> GroupUsage | None:
+    """The group's usage figures as stored (None when absent or unreadable: they are written again whole)."""
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return GroupUsage.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _condition_true(obj: Mapping[str, Any], kind: str) -> bool:

@@ -112,16 +112,18 @@ class Release(SlotVerbs):
     def claim_name(self) -> str:
         return ""  # a law-3 shutdown is owned by the slot alone
 
-    async def on_attempt(self, job: str, started: str = "") -> None:
+    async def on_attempt(self, job: str, started: str = "", fact: str = "") -> None:
         self.details(f"shutdown Job {job}, attempt {self._book.attempts}")
         if started:
-            await self.on_event(EventReason.SCALE_DOWN_STARTED, started, False)
+            await self.on_event(EventReason.SCALE_DOWN_STARTED, started, False, fact=fact)
 
-    async def on_event(self, reason: EventReason, message: str, warning: bool, last_words_of: str = "") -> None:
+    async def on_event(
+        self, reason: EventReason, message: str, warning: bool, last_words_of: str = "", fact: str = ""
+    ) -> None:
         try:
             await self.write(
                 c.Act.SLOT_EVENT,
-                c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning, last_words_of),
+                c.SlotEvent(self.seed.namespace, self.seed.slot, reason, message, warning, last_words_of, fact),
                 f"event {reason} on slot {self.seed.slot}",
             )
         except Broken as err:

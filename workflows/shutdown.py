@@ -65,6 +65,10 @@ class ShutdownBook:
     finished_jobs: dict[str, bool] = field(default_factory=dict)
     finished_reasons: dict[str, str] = field(default_factory=dict)
     last_job: str = ""  # the last shutdown Job fired: the one a completion cites
+    # Generation 10: a running shutdown Job a lost run fired (a taken-over claim's): the attempt under way, awaited
+    # and judged before any other is fired, its budget counted from its start.
+    adopted: str = ""
+    adopted_started: datetime | None = None
 
     def streak(self) -> claims.ShutdownStreak:
         return claims.ShutdownStreak(self.attempts, self.last_attempt_at)
@@ -130,22 +134,40 @@ class ShutdownHost(Protocol):
 
     async def wait(self, done: Callable[[], bool], timeout: timedelta | None, summary: str) -> bool: ...
 
-    async def on_attempt(self, job: str, started: str = "") -> None:
-        """A shutdown Job was created; `started` (first attempt only) is the ScaleDownStarted message to publish."""
+    async def on_attempt(self, job: str, started: str = "", fact: str = "") -> None:
+        """A shutdown Job was created; `started` (first attempt only) is the ScaleDownStarted message to publish,
+        `fact` what it says (`scale_down_fact`): said once per scale-down, whatever run says it."""
         ...
 
-    async def on_event(self, reason: EventReason, message: str, warning: bool, last_words_of: str = "") -> None:
-        """A Warning or Event; `last_words_of` names a failed Job whose Pod's words the writing activity adds."""
+    async def on_event(
+        self, reason: EventReason, message: str, warning: bool, last_words_of: str = "", fact: str = ""
+    ) -> None:
+        """A Warning or Event; `last_words_of` names a failed Job whose Pod's words the writing activity adds; `fact`
+        (when more than one run may say it) makes a repeat of the same fact no Event."""
         ...
 
 
-async def monitor_job(host: Any, job: str, job_type: str, **wait_kw: Any) -> str:
+def scale_down_fact(owner: str) -> str:
+    """What ScaleDownStarted says, once per scale-down of a claim (or a release episode): another run of the claim
+    saying it again (a take-over, a streak resumed after its grace) adds no Event."""
+    return f"{owner}: scale-down started"
+
+
+def streak_spent_fact(owner: str, last_attempt_at: datetime | None) -> str:
+    """What ShutdownAttemptLimitReached says, once per spent streak: the streak is named by its last attempt, to
+    the second, as the claim's record holds it (so a run that took the claim over names it alike)."""
+    spent = "-" if last_attempt_at is None else f"{last_attempt_at:%Y-%m-%dT%H:%M:%SZ}"
+    return f"{owner}: shutdown streak spent at {spent}"
+
+
+async def monitor_job(host: Any, job: str, job_type: str, *, started: datetime | None = None, **wait_kw: Any) -> str:
     """The Job monitor: a signal ends the wait early; a read every poll interval catches a lost signal. A host
-    interrupted meanwhile (a superseded claim) stops waiting: the Job is someone else's to wait out now.
+    interrupted meanwhile (a superseded claim) stops waiting: the Job is someone else's to wait out now. The Job's
+    budget counts from `started` when it began before this run (a lost run's Job), else from now.
     """
     book: ShutdownBook = host.book
     ref = c.JobRef(host.slot_ref().namespace, job)
-    end = host.now() + JOB_TIMEOUT
+    end = (started or host.now()) + JOB_TIMEOUT
     while True:
         outcome = book.outcome(job)
         if outcome is not None:
@@ -215,7 +237,18 @@ async def shut_down(host: ShutdownHost) -> bool:
     """
     book = host.book
     slot = host.slot_ref()
+    owner = host.job_owner() or slot.slot
     await host.observe_now()
+    if book.adopted:
+        # A lost run's shutdown Job still runs: it is the attempt under way (counted when the claim was taken
+        # over), awaited and judged as the lost run would have, never doubled. ScaleDownStarted is said if that run
+        # had not said it yet (a repeat of the fact is no Event).
+        job, started, book.adopted, book.adopted_started = book.adopted, book.adopted_started, "", None
+        book.last_job = job
+        await host.on_attempt(job, f"cordoned the node of slot {slot.slot}; shutdown Job {job}", scale_down_fact(owner))
+        judged = await _judge(host, job, started)
+        if judged is not None:
+            return judged
     while True:
         if not host.maybe_on():
             return True
@@ -242,7 +275,10 @@ async def shut_down(host: ShutdownHost) -> bool:
         with_job = first and workflow.patched(STARTED_WITH_JOB)
         if first and not with_job:
             await host.on_event(
-                EventReason.SCALE_DOWN_STARTED, f"cordoning the node of slot {slot.slot}, then a shutdown Job", False
+                EventReason.SCALE_DOWN_STARTED,
+                f"cordoning the node of slot {slot.slot}, then a shutdown Job",
+                False,
+                fact=scale_down_fact(owner),
             )
         # The writes that act on the machine stop the moment the host is interrupted (a superseded claim hands
         # its machine to a newer one), even while they are being retried: no shutdown for a machine not ours.
@@ -258,9 +294,11 @@ async def shut_down(host: ShutdownHost) -> bool:
             found = await host.read(c.Act.READ_JOB, c.JobRef(slot.namespace, job), c.JobStatus, f"read Job {job}")
             return found is not None and found.state != c.JOB_MISSING
 
+        # The Job carries its number in the streak, so a run that takes the claim over counts it once.
+        attempt = claims.after_shutdown_job(book.streak(), host.now()).attempts
         if not await host.buy(
             c.Act.CREATE_JOB,
-            c.JobRequest(slot.namespace, slot.slot, JobType.SHUTDOWN, book.sequence, host.claim_name(), job),
+            c.JobRequest(slot.namespace, slot.slot, JobType.SHUTDOWN, book.sequence, host.claim_name(), job, attempt),
             f"shutdown Job {job}",
             stop=host.interrupted,
             landed=job_exists,
@@ -269,27 +307,38 @@ async def shut_down(host: ShutdownHost) -> bool:
         book.last_job = job
         after = claims.after_shutdown_job(book.streak(), host.now())
         book.attempts, book.last_attempt_at = after.attempts, after.last_attempt_at
-        await host.on_attempt(job, f"cordoned the node of slot {slot.slot}; shutdown Job {job}" if with_job else "")
-        outcome = await monitor_job(host, job, JobType.SHUTDOWN)
-        if outcome == JOB_OUTCOME_INTERRUPTED:
+        said = f"cordoned the node of slot {slot.slot}; shutdown Job {job}" if with_job else ""
+        await host.on_attempt(job, said, scale_down_fact(owner) if said else "")
+        judged = await _judge(host, job)
+        if judged is not None:
+            return judged
+
+
+async def _judge(host: ShutdownHost, job: str, started: datetime | None = None) -> bool | None:
+    """Await a shutdown Job and judge it: True once the machine is (taken to be) off, False when the host stopped,
+    None when the attempt did not land (its Warning said), for the driver to go on."""
+    book = host.book
+    outcome = await monitor_job(host, job, JobType.SHUTDOWN, started=started)
+    if outcome == JOB_OUTCOME_INTERRUPTED:
+        return False
+    if outcome == JOB_OUTCOME_SUCCEEDED:
+        if await _verified_off(host, job):
+            return True
+        if host.interrupted():
             return False
-        if outcome == JOB_OUTCOME_SUCCEEDED:
-            if await _verified_off(host, job):
-                return True
-            if host.interrupted():
-                return False
-            said, words = "succeeded but the machine is still on", ""
-        else:
-            said, words = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed", ""
-            if workflow.patched(SHUTDOWN_FAILURE_SAYS_WHY):
-                ended, words = await job_exit(host, job, JobType.SHUTDOWN), job
-                said += f": {ended.said()}" if ended is not None else ""
-        await host.on_event(
-            SHUTDOWN_EVENTS[outcome],
-            f"shutdown Job {job} {said} (attempt {book.attempts} of {TIMINGS.max_consecutive_attempts})",
-            True,
-            words,
-        )
+        said, words = "succeeded but the machine is still on", ""
+    else:
+        said, words = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed", ""
+        if workflow.patched(SHUTDOWN_FAILURE_SAYS_WHY):
+            ended, words = await job_exit(host, job, JobType.SHUTDOWN), job
+            said += f": {ended.said()}" if ended is not None else ""
+    await host.on_event(
+        SHUTDOWN_EVENTS[outcome],
+        f"shutdown Job {job} {said} (attempt {book.attempts} of {TIMINGS.max_consecutive_attempts})",
+        True,
+        words,
+    )
+    return None
 
 
 async def _verified_off(host: ShutdownHost, job: str) -> bool:
@@ -318,6 +367,7 @@ async def _pause(host: ShutdownHost) -> None:
             f"{book.attempts} shutdown Jobs did not power the machine off; paused until "
             f"{resume_at:%Y-%m-%d %H:%M:%S}Z or a reset of the shutdown streak",
             True,
+            fact=streak_spent_fact(host.job_owner() or host.slot_ref().slot, book.last_attempt_at),
         )
     host.details(f"shutdown paused after {book.attempts} attempts; resumes at {resume_at:%H:%M:%S}")
     attempts = book.attempts

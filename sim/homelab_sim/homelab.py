@@ -54,6 +54,7 @@ from homelab_sim.homelab_spec import (
     load_homelab_spec,
     parse_homelab_spec,
 )
+from homelab_sim.ledger import ReadyLedger, total
 from homelab_sim.power_pods import (
     ScriptRun,
     pod_for_job,
@@ -205,6 +206,7 @@ class _JobRun:
     pod_uid: str = ""
     failures: int = 0
     scripts: dict[str, ScriptRun] = field(default_factory=dict)  # what each container of the current Pod does
+    hung: bool = False  # its current Pod started under ``jobHangs`` and has not ended
 
 
 class Homelab:
@@ -234,6 +236,7 @@ class Homelab:
         self.machines: dict[str, Machine] = {}
         self._runs: dict[str, _JobRun] = {}  # the lifecycle Jobs running, by uid
         self._event_serial = 0
+        self.ledger = ReadyLedger()  # the homelab's own record of what was on (its kubelets Ready)
         for slot in spec.slots:
             self.machines[slot.name] = Machine(
                 slot=slot,
@@ -242,9 +245,27 @@ class Homelab:
                 stage=Stage.SETTLED if slot.initially_on else Stage.OFF,
             )
         emulator.listeners.append(self._on_change)
+        emulator.control["usage"] = self.usage
 
     # ----------------------------------------------------------------------------------------------
     # Public API.
+
+    def usage(self, arg: Obj | None) -> Obj:
+        """`POST /_sim/usage {"windows": {"<slot>": {"since": t, "until": t}}}` (RFC 3339 times; every slot over the
+        homelab's whole life when no windows are given): each machine's own figures over its window, from the
+        ledger, and their total."""
+        windows = (arg or {}).get("windows")
+        if windows is None:
+            now = self.emulator.clock()
+            start = min((p.start for held in self.ledger.periods.values() for p in held), default=now)
+            windows = {name: {"since": start.isoformat(), "until": now.isoformat()} for name in self.machines}
+        slots: dict[str, Obj] = {}
+        for name, window in windows.items():
+            machine = self.machine(name)
+            since = datetime.datetime.fromisoformat(str(window["since"]).replace("Z", "+00:00"))
+            until = datetime.datetime.fromisoformat(str(window["until"]).replace("Z", "+00:00"))
+            slots[name] = self.ledger.figures(name, since, until, self.spec.draw_of(machine.slot))
+        return {"slots": slots, "total": total(list(slots.values()))}
 
     def close(self) -> None:
         """Detach from the emulator and cancel every pending step (the machines freeze where they are)."""
@@ -276,6 +297,7 @@ class Homelab:
                     startup_pod_spec=slot.startup_pod_spec,
                     shutdown_pod_spec=slot.shutdown_pod_spec,
                     pricing=slot.pricing,
+                    power_draw=slot.power_draw,
                 )
                 body = {
                     "apiVersion": _CRD_API_VERSION,
@@ -288,6 +310,7 @@ class Homelab:
             if machine.slot.initially_on and self._node(machine) is None:
                 self.emulator.put_object(*_NODES, self._node_body(machine, ready=True, taints=[]))
                 self._record(machine, "registered", "on at install time")
+                self.ledger.ready(machine.slot.name, self.emulator.clock())
 
     def machine(self, slot: str) -> Machine:
         try:
@@ -318,6 +341,18 @@ class Homelab:
             self._after(machine, machine.timings.ready_seconds, lambda: self._ready(machine))
         elif attr == "taint_never_clears" and machine.stage is Stage.READY:
             self._after(machine, machine.timings.taint_clear_seconds, lambda: self._clear_taints(machine))
+
+    def end_hanging_jobs(self, slot: str) -> list[str]:
+        """A slow Job's end: the Pods of this machine's Jobs that hang (``jobHangs``) end now, as their scripts say
+        (the switch itself stays as it is). The names of the Jobs whose Pods ended."""
+        machine = self.machine(slot)
+        ended = []
+        for run in list(self._runs.values()):
+            if run.machine is machine and run.hung:
+                run.hung = False
+                ended.append(run.name)
+                self._end_pod(run, run.pod_uid)
+        return ended
 
     def die(self, slot: str) -> None:
         """Pull the plug: the machine is off at once and its Node goes Ready=Unknown. No-op when off."""
@@ -449,6 +484,7 @@ class Homelab:
         )
         self._job_status(run.name, run.uid, {"active": 1, "ready": 1})
         if machine.faults.job_hangs:
+            run.hung = True
             self._record(machine, "job-hangs", f"{run.job_type} {run.name}")
             return
         pod_uid = run.pod_uid
@@ -711,6 +747,7 @@ class Homelab:
         self._post_conditions(machine, _kubelet_conditions(True, self._now(), self._conditions(machine)))
         machine.stage = Stage.READY
         self._record(machine, "ready")
+        self.ledger.ready(machine.slot.name, self.emulator.clock())
         if not machine.faults.taint_never_clears:
             self._after(machine, machine.timings.taint_clear_seconds, lambda: self._clear_taints(machine))
 
@@ -732,6 +769,7 @@ class Homelab:
         machine.epoch += 1
         machine.stage = Stage.OFF
         self._record(machine, "powered-off", cause)
+        self.ledger.not_ready(machine.slot.name, self.emulator.clock())
         if self._node(machine) is not None:
             self._post_conditions(machine, _unknown_conditions(self._now(), self._conditions(machine)))
 
@@ -839,6 +877,9 @@ class HomelabServer:
 
     def set_fault(self, slot: str, name: str, value: bool = True) -> None:
         self.call(lambda lab: lab.set_fault(slot, name, value))
+
+    def end_hanging_jobs(self, slot: str) -> list[str]:
+        return self.call(lambda lab: lab.end_hanging_jobs(slot))
 
     def history(self, slot: str | None = None) -> list[HomelabEvent]:
         """What the machines did so far (optionally one slot's), oldest first."""

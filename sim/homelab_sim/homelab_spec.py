@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from api.v2alpha1 import GroupSpec, PodSpecTemplate, Pricing
+from api.v2alpha1 import GroupSpec, PodSpecTemplate, PowerDraw, Pricing
 
 __all__ = [
     "FAULT_NAMES",
@@ -108,6 +108,7 @@ class SlotSpec(_Model):
     startup_pod_spec: PodSpecTemplate = Field(default_factory=lambda: _default_pod_spec("power on"))
     shutdown_pod_spec: PodSpecTemplate = Field(default_factory=lambda: _default_pod_spec("power off"))
     pricing: Pricing | None = None
+    power_draw: PowerDraw | None = None  # the slot's spec.powerDraw, and what the machine draws in the ledger
     node: KubeletSpec = Field(default_factory=KubeletSpec)
     timings: Timings | None = None  # fields given here override the homelab's ``timings``
     faults: Faults = Field(default_factory=Faults)
@@ -162,6 +163,11 @@ class HomelabSpec(_Model):
             if group.name == name:
                 return group
         raise KeyError(f"no group {name!r} in the homelab")
+
+    def draw_of(self, slot: SlotSpec) -> PowerDraw | None:
+        """What the machine draws: the slot's powerDraw over its group's, field by field."""
+        group = self.group(slot.group).power_draw
+        return group if slot.power_draw is None else slot.power_draw.over(group)
 
     def timings_of(self, slot: SlotSpec) -> Timings:
         """The slot's effective timings: its own where given, the homelab's elsewhere."""

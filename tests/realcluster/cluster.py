@@ -37,6 +37,9 @@ SERVICE_CIDR = "10.0.0.0/24"
 # them, it never completes one.
 KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
                "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml")  # fmt: skip
+# KWOK's Logs CRD (build.sh copies it beside the binaries): with `--enable-crds=Logs` a KWOK kubelet serves a Pod's
+# `kubectl logs` from the file its Logs object names (the executor writes its power Pods' output there).
+KWOK_LOGS_CRD = "kwok-crds/kwok.x-k8s.io_logs.yaml"
 # Audit: the operator's requests in full (bodies and responses, for the emulator's replay), everyone's metadata (for
 # the RBAC table), leases and events of the control plane's own components left out (noise).
 OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
@@ -70,27 +73,40 @@ def bin_dir() -> Path:
 def require_binaries() -> Path:
     """The bin directory, or `Unavailable` naming what is missing and the command that builds it."""
     where = bin_dir()
-    missing = [n for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
-               if not (where / n).is_file()]  # fmt: skip
+    missing = [n for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok",
+                           f"../{KWOK_LOGS_CRD}") if not (where / n).is_file()]  # fmt: skip
     if missing:
         raise Unavailable(f"{', '.join(missing)} not built in {where}: run `make cluster-bins` (Go >= 1.26)")
     return where
 
 
 def cluster_autoscaler_binary() -> tuple[Path | None, str]:
-    """cluster-autoscaler if one can be had (built into the cache, or HOMELAB_CLUSTER_AUTOSCALER), else why not."""
+    """cluster-autoscaler if one can be had (HOMELAB_CLUSTER_AUTOSCALER, or built by build.sh into its own cache
+    directory), with how it was had; else None and why not."""
     given = os.environ.get("HOMELAB_CLUSTER_AUTOSCALER")
     if given:
         path = Path(given)
         if not path.is_file():
             raise Unavailable(f"HOMELAB_CLUSTER_AUTOSCALER={given}: no such file")
         return path, f"cluster-autoscaler from HOMELAB_CLUSTER_AUTOSCALER ({given})"
-    where = bin_dir()
-    if (where / "cluster-autoscaler").is_file():
-        return where / "cluster-autoscaler", "cluster-autoscaler built by build.sh"
-    why = where.parent / "cluster-autoscaler.unavailable"
+    out = subprocess.run([str(BUILD), "--where-cluster-autoscaler"], capture_output=True, text=True, timeout=30,
+                         check=True)  # fmt: skip
+    where = Path(out.stdout.strip())
+    binary, built, why = where / "bin" / "cluster-autoscaler", where / "built-from", where / "unavailable"
+    if binary.is_file() and built.is_file():
+        return binary, f"cluster-autoscaler {CLUSTER_AUTOSCALER_RELEASE} {built.read_text().strip()} ({binary})"
     text = why.read_text().strip() if why.is_file() else "build.sh has not tried to build it (make cluster-bins)"
     return None, text
+
+
+def _versions() -> dict[str, str]:
+    """tests/realcluster/versions.env's NAME=value lines."""
+    pairs = (line.split("=", 1) for line in (HERE / "versions.env").read_text().splitlines()
+             if "=" in line and not line.lstrip().startswith("#"))  # fmt: skip
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+CLUSTER_AUTOSCALER_RELEASE = _versions()["CLUSTER_AUTOSCALER_RELEASE"]
 
 
 @dataclass
@@ -164,6 +180,8 @@ class Cluster:
 
     def __init__(self, directory: Path, *, bins: Path | None = None, node_monitor_grace: str = "20s") -> None:
         self.dir = directory
+        # Flags a tier adds to the API server before `start()` (the real node's egress door, its kubelet client).
+        self.apiserver_extra_args: list[str] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bins = bins or require_binaries()
         self.node_monitor_grace = node_monitor_grace
@@ -278,6 +296,10 @@ class Cluster:
             "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
             "--audit-log-mode=blocking", f"--cert-dir={self.dir / 'apiserver-certs'}",
+            *self.apiserver_extra_args,
+            # A KWOK node's Hostname address is its name, which resolves nowhere here: `kubectl logs` reaches its
+            # kubelet at its InternalIP (127.0.0.1).
+            "--kubelet-preferred-address-types=InternalIP",
         ])  # fmt: skip
         admin = pki.Pair(self.pki.dir / "admin.crt", self.pki.dir / "admin.key")
         wait_until("kube-apiserver to answer /readyz", lambda: self._https_ok(self.port, "/readyz", client=admin),
@@ -342,13 +364,21 @@ class Cluster:
         home.mkdir(exist_ok=True)
         if self._kwok_kubeconfig is None:
             self._kwok_kubeconfig = self._component_kubeconfig("kwok", "kwok", ("system:masters",))
+            self._kwok_logs_crd()
+        # Its kubelet server on the port the Node advertises (daemonEndpoints), where `kubectl logs` reaches it.
+        port = free_port()
         proc = Proc(f"kubelet-{node}", [
             str(self.bins / "kwok"), f"--kubeconfig={self._kwok_kubeconfig}", f"--manage-single-node={node}",
             "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40", f"--config={self._kwok_config()}",
-            f"--server-address=127.0.0.1:{free_port()}",
+            f"--server-address=127.0.0.1:{port}", f"--node-port={port}", "--enable-crds=Logs",
         ], self.dir / f"kubelet-{node}.log", env={"HOME": str(home)}).start()  # fmt: skip
         self.kubelets[node] = proc
         return proc
+
+    def _kwok_logs_crd(self) -> None:
+        """KWOK's Logs CRD, established before the first kubelet watches it."""
+        self.kubectl("apply", "--server-side", "-f", str(self.bins.parent / KWOK_LOGS_CRD))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/logs.kwok.x-k8s.io")
 
     def stop_kubelet(self, node: str) -> None:
         proc = self.kubelets.get(node)

@@ -6,7 +6,10 @@ container would do to a real machine, through the API server as its kubelet woul
 - a shutdown Job's Pod: the machine powers off, so its kubelet process stops and the node-lifecycle controller
   marks the Node NotReady once the Lease is stale; the Pod ends Succeeded;
 - a fault switch makes the next Pods of one slot's operation end Failed with an exit code and a message, as a
-  BMC that does not answer would.
+  BMC that does not answer would;
+- what the container printed is kept as a container runtime keeps it (a CRI-format log file), with a KWOK `Logs`
+  object naming that file (owned by the Pod), so the node's KWOK kubelet serves it to `kubectl logs` through the
+  API server; the termination message is the last line printed, as a script writing /dev/termination-log says it.
 
 The operation, slot and node name come from the Pod's environment (HOMELAB_OPERATION, HOMELAB_SLOT,
 HOMELAB_NODE_NAME), which the operator sets on every lifecycle Job.
@@ -47,6 +50,7 @@ class Fault:
     exit_code: int
     message: str
     times: int
+    output: tuple[str, ...] = ()  # printed before the message
 
 
 @dataclass
@@ -71,6 +75,8 @@ class Executor:
                  work_seconds: float = 1.0, every: float = 0.5) -> None:  # fmt: skip
         self.cluster = cluster
         self.core: Any = k8s.CoreV1Api(cluster.admin)
+        self.custom: Any = k8s.CustomObjectsApi(cluster.admin)
+        self.logs_dir = cluster.dir / "pod-logs"
         self.namespace = namespace
         self.machines = dict(machines)  # by slot name
         self.work_seconds = work_seconds
@@ -109,10 +115,12 @@ class Executor:
         """The machine is off: its kubelet stops, the Node object stays until someone deletes it."""
         self.cluster.stop_kubelet(self.machines[slot].node_name)
 
-    def fail(self, slot: str, operation: str, *, exit_code: int, message: str, times: int = 1) -> None:
-        """The next `times` Pods of `operation` for `slot` end Failed with this exit code and message."""
+    def fail(self, slot: str, operation: str, *, exit_code: int, message: str, times: int = 1,
+             output: tuple[str, ...] = ()) -> None:  # fmt: skip
+        """The next `times` Pods of `operation` for `slot` print `output`, then `message` (their termination message),
+        and end Failed with this exit code."""
         with self._lock:
-            self._faults[(slot, operation)] = Fault(exit_code, message, times)
+            self._faults[(slot, operation)] = Fault(exit_code, message, times, output)
 
     # --- the loop ------------------------------------------------------------------------------------------------
     def start(self) -> Executor:
@@ -158,7 +166,8 @@ class Executor:
         env = self._env(pod)
         operation, slot = env.get("HOMELAB_OPERATION", ""), env.get("HOMELAB_SLOT", "")
         if slot not in self.machines or operation not in ("startup", "shutdown"):
-            self._finish(pod, 2, f"no machine {slot!r} for {operation!r}", operation, slot)
+            said = f"no machine {slot!r} for {operation!r}"
+            self._finish(pod, 2, said, operation, slot, (said,))
             return
         time.sleep(self.work_seconds)  # the BMC takes a moment
         with self._lock:
@@ -168,15 +177,41 @@ class Executor:
                 if fault.times <= 0:
                     del self._faults[(slot, operation)]
         if fault is not None:
-            self._finish(pod, fault.exit_code, fault.message, operation, slot)
+            self._finish(pod, fault.exit_code, fault.message, operation, slot, (*fault.output, fault.message))
             return
         if operation == "startup":
             self.power_on(slot)
         else:
             self.power_off(slot)
-        self._finish(pod, 0, "", operation, slot)
+        self._finish(pod, 0, "", operation, slot, (f"{slot} powered {'on' if operation == 'startup' else 'off'}",))
 
-    def _finish(self, pod: Any, exit_code: int, message: str, operation: str, slot: str) -> None:
+    def _print(self, pod: Any, lines: tuple[str, ...]) -> None:
+        """The container's output as a container runtime keeps it (CRI log format: time, stream, tag, line) and a
+        KWOK Logs object naming the file, owned by the Pod so the garbage collector takes it with the Pod. A failure
+        here is an executor error; the Pod still ends (the story's `kubectl logs` check then says what is missing)."""
+        container = pod.spec.containers[0].name
+        directory = self.logs_dir / f"{pod.metadata.namespace}_{pod.metadata.name}_{pod.metadata.uid}" / container
+        directory.mkdir(parents=True, exist_ok=True)
+        log = directory / "0.log"
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        log.write_text("".join(f"{stamp} stdout F {line}\n" for line in lines))
+        body = {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
+            "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace,
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name,
+                                              "uid": pod.metadata.uid}]},
+            "spec": {"logs": [{"containers": [container], "logsFile": str(log)}]},
+        }  # fmt: skip
+        try:
+            self.custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", pod.metadata.namespace, "logs",
+                                                        body, _request_timeout=10)  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 409:
+                self.errors.append(f"{_now()} the Logs of {pod.metadata.name}: {exc.status} {exc.reason}")
+
+    def _finish(self, pod: Any, exit_code: int, message: str, operation: str, slot: str,
+                output: tuple[str, ...]) -> None:  # fmt: skip
+        self._print(pod, output)
         now = _now()
         started = now
         for status in pod.status.container_statuses or []:

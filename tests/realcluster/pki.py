@@ -17,6 +17,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = dt.timedelta(days=2)
+# cert-manager's `usages` words, as x509 extended key usages and key usages (the ones deploy/ uses).
+EXTENDED_USAGES = {"server auth": ExtendedKeyUsageOID.SERVER_AUTH, "client auth": ExtendedKeyUsageOID.CLIENT_AUTH}
+KEY_USAGES = {"digital signature": "digital_signature", "key encipherment": "key_encipherment"}
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -62,6 +65,7 @@ class Authority:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -90,13 +94,22 @@ class Authority:
         dns: tuple[str, ...] = (),
         ips: tuple[str, ...] = (),
         server: bool = False,
+        usages: tuple[str, ...] = (),
     ) -> Pair:
-        """A leaf certificate: a client one (CN = user, O = groups, as the API server reads them) or a serving one."""
+        """A leaf certificate: a client one (CN = user, O = groups, as the API server reads them) or a serving one.
+        `usages` in cert-manager's words ("server auth", "digital signature", ...) decide its key usages instead, as
+        cert-manager would issue a Certificate; an empty `common_name` is an empty subject (the names in the SAN)."""
         key = _key()
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+        if common_name:
+            attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
         now = dt.datetime.now(dt.UTC)
         usage = [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if usages:
+            unknown = [u for u in usages if u not in EXTENDED_USAGES and u not in KEY_USAGES]
+            if unknown:
+                raise ValueError(f"certificate {stem}: usages {unknown} are none of {[*EXTENDED_USAGES, *KEY_USAGES]}")
+            usage = [EXTENDED_USAGES[u] for u in usages if u in EXTENDED_USAGES]
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name(attrs))
@@ -106,12 +119,22 @@ class Authority:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            # As Go's x509 (cert-manager, kubeadm) writes it: the issuer's key named, for path building.
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
             .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         )
+        if usages and any(u in KEY_USAGES for u in usages):
+            flags = {name: name in {KEY_USAGES[u] for u in usages if u in KEY_USAGES} for name in KEY_USAGES.values()}
+            builder = builder.add_extension(
+                x509.KeyUsage(**flags, content_commitment=False, data_encipherment=False, key_agreement=False,
+                              key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False),
+                critical=True,
+            )  # fmt: skip
         if dns or ips:
             names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
             names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+            # RFC 5280: with an empty subject the names are the certificate's identity, and the SAN is critical.
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=not attrs)
         cert = builder.sign(self._key, hashes.SHA256())
         return Pair(_write_cert(cert, self.dir / f"{stem}.crt"), _write_key(key, self.dir / f"{stem}.key"))
 

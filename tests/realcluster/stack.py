@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from homelab_autoscaler.devserver import DevServer
 from tests.procs import BIN, ROOT, free_port, port_open
+from tests.realcluster import crds, deployed
 from tests.realcluster.cluster import Cluster, Proc, cluster_autoscaler_binary, wait_until
 from tests.realcluster.conftest import FAILED
 from tests.realcluster.executor import Executor, Machine
@@ -138,7 +139,9 @@ STORY_HOMELAB = Homelab(
 
 
 def _pod_spec(operation: str) -> dict[str, Any]:
-    """A power Job's pod spec: it runs on the control plane (the machine it powers may be off)."""
+    """A power Job's pod spec: it runs on the control plane (the machine it powers may be off). A finished shutdown
+    Job goes after 30 s (step 2 watches the TTL controller take it); a startup Job stays 10 minutes, as in
+    deploy/examples, so a failed boot's `kubectl logs job/…` still has its Pod when people (and step 4) read it."""
     return {
         "image": "registry.homelab.test/power-tool:1.0",
         "command": ["/power", operation],
@@ -146,7 +149,7 @@ def _pod_spec(operation: str) -> dict[str, Any]:
         "tolerations": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
         "activeDeadlineSeconds": 120,
         "backoffLimit": 0,
-        "ttlSecondsAfterFinished": 30,
+        "ttlSecondsAfterFinished": 30 if operation == "off" else 600,
     }
 
 
@@ -189,6 +192,12 @@ class Stack:
     autoscaler: Proc | None = None
     autoscaler_kind: str = "none"
     autoscaler_note: str = ""
+    autoscaler_binary: Path | None = None
+    autoscaler_launch: deployed.Launch | None = None
+    mtls: bool = False  # the provider and cluster-autoscaler speak mTLS (switch_to_mtls)
+    # What the provider's /metrics counted before it was restarted (its counters start again at 0).
+    calls_before: Counter[tuple[str, str]] = field(default_factory=Counter)
+    reviews_before: Counter[str] = field(default_factory=Counter)
     provider_port: int = field(default_factory=free_port)
     health_ports: dict[str, int] = field(default_factory=dict)
     ca_metrics_port: int = field(default_factory=free_port)
@@ -269,8 +278,8 @@ class Stack:
         kc = self.cluster.kubectl
         kc("apply", "--server-side", "-f", str(DEPLOY / "base" / "namespace.yaml"))
         kc("apply", "--server-side", "-k", str(DEPLOY / "crds"))
-        kc("wait", "--for=condition=Established", "--timeout=60s", "crd/groups.infra.homecluster.dev",
-           "crd/nodes.infra.homecluster.dev", "crd/nodeclaims.infra.homecluster.dev")  # fmt: skip
+        crds.established(self.cluster, "groups.infra.homecluster.dev", "nodes.infra.homecluster.dev",
+                         "nodeclaims.infra.homecluster.dev")  # fmt: skip
         kc("apply", "--server-side", "-k", str(DEPLOY / "rbac"))
         kc("apply", "--server-side", "-n", NS, "-f", str(DEPLOY / "cluster-autoscaler" / "base" / "rbac.yaml"))
         self._control_plane_node()
@@ -371,30 +380,17 @@ class Stack:
 
     # --- cluster-autoscaler -------------------------------------------------------------------------------------
     def start_autoscaler(self) -> None:
+        """cluster-autoscaler as deploy/cluster-autoscaler/plaintext deploys it (deployed.py), else the stand-in; with
+        driver "ca" (CI: HOMELAB_E2E_DRIVER=ca) a run that cannot have the real one fails here, saying why."""
         if self.driver == "none":
             return
-        binary, note = cluster_autoscaler_binary()
-        if self.driver == "ca" and binary is None:
-            raise AssertionError(f"the real cluster-autoscaler was asked for and cannot be had: {note}")
-        kubeconfig = self.cluster.token_kubeconfig("cluster-autoscaler", NS, CA_SA)
-        if binary is not None and self.driver in ("ca", "auto"):
-            self.autoscaler_kind, self.autoscaler_note = "cluster-autoscaler", note
-            cloud = self.dir / "cloud-config.yaml"
-            cloud.write_text(yaml.safe_dump({"address": f"127.0.0.1:{self.provider_port}", "grpc_timeout": "10s"}))
-            args = [
-                str(binary), f"--kubeconfig={kubeconfig}", "--cloud-provider=externalgrpc",
-                f"--cloud-config={cloud}", f"--namespace={NS}", "--leader-elect=false",
-                f"--address=127.0.0.1:{self.ca_metrics_port}", *AUTOSCALER_FLAGS,
-            ]  # fmt: skip
-            if self.homelab.priorities:
-                args.append("--expander=priority")
-            self.autoscaler = Proc("cluster-autoscaler", args, self.dir / "cluster-autoscaler.log").start()
-            wait_until("cluster-autoscaler to answer /health-check",
-                       lambda: _http_ok(self.ca_metrics_port, "/health-check"), within=90,
-                       procs=[self.autoscaler])  # fmt: skip
+        binary, self.autoscaler_note = self.choose_driver()
+        if binary is not None:
+            self.autoscaler_kind, self.autoscaler_binary = "cluster-autoscaler", binary
+            self._run_autoscaler(binary, deployed.AUTOSCALER_PLAINTEXT)
             return
+        kubeconfig = self.cluster.token_kubeconfig("cluster-autoscaler", NS, CA_SA)
         self.autoscaler_kind = "stand-in"
-        self.autoscaler_note = f"the project's stand-in (tests/realcluster/standin.py); the real one: {note}"
         args = [
             str(BIN / "python"), "-m", "tests.realcluster.standin", "--kubeconfig", str(kubeconfig),
             "--provider", f"127.0.0.1:{self.provider_port}", "--namespace", NS,
@@ -405,6 +401,58 @@ class Stack:
         wait_until("the stand-in autoscaler to answer /health-check",
                    lambda: _http_ok(self.ca_metrics_port, "/health-check"), within=60,
                    procs=[self.autoscaler])  # fmt: skip
+
+    def choose_driver(self) -> tuple[Path | None, str]:
+        """The real cluster-autoscaler's binary (None: the stand-in drives) and a line naming the driver. With driver
+        "ca" a run that cannot have the real one fails here, saying why."""
+        binary, note = cluster_autoscaler_binary()
+        if self.driver == "ca" and binary is None:
+            raise AssertionError(f"the real cluster-autoscaler is required (HOMELAB_E2E_DRIVER=ca) and cannot be had: "
+                                 f"{note}")  # fmt: skip
+        if binary is not None and self.driver in ("ca", "auto"):
+            return binary, note
+        if self.driver == "standin":
+            return None, "the project's stand-in (tests/realcluster/standin.py), asked for by HOMELAB_E2E_DRIVER"
+        return None, f"the project's stand-in (tests/realcluster/standin.py); the real one: {note}"
+
+    def _run_autoscaler(self, binary: Path, kustomization: str,
+                        secrets: dict[str, dict[str, bytes]] | None = None) -> None:  # fmt: skip
+        """The real cluster-autoscaler with the Deployment and cloud-config `kustomization` renders. A flag of the
+        manifest the binary rejects ends the process, and the wait below fails with its log."""
+        kubeconfig = self.cluster.token_kubeconfig("cluster-autoscaler", NS, CA_SA)
+        stem = Path(kustomization).name
+        self.autoscaler_launch = deployed.autoscaler_launch(
+            self.cluster.kubectl, binary, kustomization, self.dir / f"cluster-autoscaler-{stem}",
+            kubeconfig=kubeconfig, metrics_port=self.ca_metrics_port, provider_port=self.provider_port,
+            secrets=secrets,
+        )  # fmt: skip
+        print(f"\ncluster-autoscaler as {kustomization} deploys it; the harness changed, and why:")
+        print("".join(f"  {line}\n" for line in self.autoscaler_launch.changes), end="")
+        print(f"  its command line: {' '.join(self.autoscaler_launch.argv)}")
+        self.autoscaler = Proc("cluster-autoscaler", self.autoscaler_launch.argv,
+                               self.dir / "cluster-autoscaler.log").start()  # fmt: skip
+        wait_until("cluster-autoscaler to answer /health-check",
+                   lambda: _http_ok(self.ca_metrics_port, "/health-check"), within=90,
+                   procs=[self.autoscaler])  # fmt: skip
+
+    def switch_to_mtls(self) -> None:
+        """What a user's move to deploy/overlays/homelab-mtls and deploy/cluster-autoscaler/mtls rolls out: the
+        provider restarted with the server certificate cert-manager would issue (it then requires a client
+        certificate of the same CA), cluster-autoscaler restarted with the mtls cloud-config and its client
+        certificate. The real driver only: the stand-in speaks plaintext."""
+        assert self.autoscaler_kind == "cluster-autoscaler" and self.autoscaler is not None, self.autoscaler_kind
+        docs = deployed.render(self.cluster.kubectl, deployed.OPERATOR_MTLS)
+        secrets = deployed.issue_as_cert_manager(docs, self.dir / "cert-manager")
+        env = deployed.provider_tls_env(docs, self.dir / "provider-mtls", secrets)
+        assert self.autoscaler_binary is not None
+        self.autoscaler.stop()
+        self.calls_before, self.reviews_before = self.provider_calls(), self.admission_reviews()
+        provider = self.roles["provider"]
+        provider.stop()
+        provider.env.update(env)
+        self.restart_role("provider")
+        self.mtls = True
+        self._run_autoscaler(self.autoscaler_binary, deployed.AUTOSCALER_MTLS, secrets)
 
     # --- reading the cluster ------------------------------------------------------------------------------------
     def claims(self) -> list[dict[str, Any]]:
@@ -431,19 +479,27 @@ class Stack:
             return str(r.read().decode())
 
     def admission_reviews(self) -> Counter[str]:
-        """The webhook's answers so far (allowed, refused, unjudged), from the provider's /metrics."""
-        return admission_reviews(self.provider_metrics())
+        """The webhook's answers so far (allowed, refused, unjudged), from the provider's /metrics (and before its
+        restart)."""
+        return self.reviews_before + admission_reviews(self.provider_metrics())
 
     def provider_calls(self) -> Counter[tuple[str, str]]:
-        """cluster-autoscaler's calls to the provider so far, by method and gRPC code, from the provider's /metrics."""
+        """cluster-autoscaler's calls to the provider so far, by method and gRPC code, from the provider's /metrics
+        (and before its restart)."""
         text = self.provider_metrics()
-        calls: Counter[tuple[str, str]] = Counter()
+        calls: Counter[tuple[str, str]] = Counter(self.calls_before)
         for line in text.splitlines():
             m = CALLS.match(line)
             if m:
                 labels = dict(LABEL.findall(m.group("labels")))
                 calls[(labels.get("method", "?"), labels.get("code", "?"))] += int(float(m.group("value")))
         return calls
+
+    def autoscaler_events(self) -> list[Any]:
+        """cluster-autoscaler's own Events (source cluster-autoscaler) in every namespace, oldest first."""
+        core: Any = k8s.CoreV1Api(self.cluster.admin)
+        items = core.list_event_for_all_namespaces(field_selector=f"source={CA_SA}", _request_timeout=10).items
+        return sorted(items, key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
 
     def autoscaler_status(self) -> str:
         """cluster-autoscaler's status ConfigMap (both drivers write it), or '' when there is none yet."""
@@ -456,14 +512,6 @@ class Stack:
         return str((cm.data or {}).get("status", ""))
 
 
-# cluster-autoscaler's timings, shortened so the story ends in minutes (defaults: reference/anchors.md §2.3).
-AUTOSCALER_FLAGS = (
-    "--scan-interval=5s", "--scale-down-unneeded-time=30s", "--scale-down-delay-after-add=20s",
-    "--scale-down-delay-after-delete=0s", "--scale-down-delay-after-failure=20s", "--max-node-provision-time=5m",
-    "--initial-node-group-backoff-duration=2m", "--skip-nodes-with-system-pods=false",
-    "--skip-nodes-with-local-storage=false", "--unremovable-node-recheck-timeout=10s", "--v=4",
-    "--logtostderr", "--write-status-configmap=true",
-)  # fmt: skip
 STANDIN_FLAGS = ("--scan-interval", "5", "--scale-down-unneeded-time", "30", "--backoff", "120")
 
 

@@ -48,7 +48,9 @@ async def boot(rt: ClaimRuntime) -> None:
     """Drive a booting claim to ready, or to failed with the reason of the step that gave up."""
     s = rt.s
     if s.startup_job:
-        outcome = await monitor_job(rt, s.startup_job, JobType.STARTUP, deadline_applies=True)
+        outcome = await monitor_job(
+            rt, s.startup_job, JobType.STARTUP, started=s.startup_started_at, deadline_applies=True
+        )
         if outcome == JOB_OUTCOME_SUCCEEDED:
             s.powered = True
         if outcome in JOB_EVENTS:

@@ -33,6 +33,10 @@ CREATED_HELD = "claim-created-with-finalizer"
 # A claim's workflow that closes Failed says where a failed Job's last words are, and is an expected outcome
 # (benign: the data converter leaves out its stack trace, which the Web UI would show as a crash).
 FAILED_CLOSE_SAYS_WHERE = "claim-failed-close-says-where-to-look"
+# A run that takes a claim over adopts it whole (generation 10 histories on): the lost run's Jobs (a running startup
+# Job monitored to its end, a running shutdown Job awaited and counted once), and what every live claim carries (its
+# slot's and group's labels, the slot as owner, spec.deadlineAt), written with the take-over's record.
+TAKEN_OVER_WHOLE = "claim-taken-over-adopted-whole"
 
 
 def failed_close(said: str, namespace: str, claim: str, job: str) -> str:
@@ -122,7 +126,12 @@ class Claim(ClaimRuntime):
                 return
             s.finalizer = held
         else:
-            await self.project(*self._taken_over(), summary=f"take over claim {seed.name}")
+            identity = None
+            if workflow.patched(TAKEN_OVER_WHOLE):
+                if seed.record is not None:
+                    s.adopt(seed.record, self.now())
+                identity = c.ClaimIdentity(seed.slot, seed.group, s.deadline_at)
+            await self.project(*self._taken_over(), summary=f"take over claim {seed.name}", identity=identity)
         if s.phase in (ClaimPhase.BOOTING, ClaimPhase.READY) and not s.resource_gone and not s.finalizer:
             # Already committed to a machine (adopted, or taken over mid-boot): the finalizer holds the claim until
             # that machine is verified off, as a boot's would.

@@ -38,6 +38,14 @@ async def launch(rt: ClaimRuntime) -> None:
     def stop() -> bool:
         return s.marked or bool(s.abandoned)
 
+    if s.startup_job:
+        # Taken over with the startup Job a lost run made (generation 10): the machine is bought already, whatever
+        # has been asked since. It is held and its boot goes on (or is reversed), never cancelled as unbought.
+        if not s.finalizer:
+            await rt.write(c.Act.ADD_FINALIZER, rt.claim_ref(), f"add the finalizer to claim {seed.name}")
+            s.finalizer = not s.resource_gone
+        await rt.move(ClaimPhase.BOOTING, message=f"startup Job {s.startup_job} created before its workflow was lost")
+        return
     rt.details("committing the machine: finalizer, then the startup Job")
     if not s.finalizer:  # a claim the group created has held it since its creation
         ref = rt.claim_ref()

@@ -20,7 +20,7 @@ async def reverse(rt: ClaimRuntime) -> None:
     s = rt.s
     if s.startup_running:
         rt.details(f"scale-down ({s.mark_reason}): letting the startup Job finish first")
-        if await monitor_job(rt, s.startup_job, JobType.STARTUP) == JOB_OUTCOME_SUCCEEDED:
+        if await monitor_job(rt, s.startup_job, JobType.STARTUP, started=s.startup_started_at) == JOB_OUTCOME_SUCCEEDED:
             s.powered = True
     rt.details(f"scale-down ({s.mark_reason}): shutting the machine down")
     if not await shut_down(rt):

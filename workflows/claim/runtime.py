@@ -7,6 +7,7 @@ it implements.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -58,6 +59,17 @@ FAILED_NOT_READY = "claim-failure-sets-ready-false"
 # ClaimCompleted cites the shutdown Job that ended the episode (none when none was fired), not the startup Job
 # (generation 8 histories on).
 COMPLETION_CITES_ITS_JOB = "claim-completion-cites-its-shutdown-job"
+
+
+@dataclass(frozen=True)
+class Said:
+    """The Event a projection is followed by, once it landed (none without a reason)."""
+
+    event: EventReason | None
+    message: str = ""
+    warning: bool = False
+    last_words_of: str = ""  # a failed Job whose Pod's words the recording activity adds
+    fact: str = ""  # what it says, when more than one run may say it: a repeat of the fact is no Event
 
 
 def failure_reason(kind: str) -> ClaimReason:
@@ -172,6 +184,8 @@ class ClaimRuntime(SlotVerbs):
         summary: str = "",
         release_finalizer: bool = False,
         last_words_of: str = "",
+        fact: str = "",
+        identity: c.ClaimIdentity | None = None,
     ) -> None:
         """Write the claim's status (and an Event after it landed); nothing when the resource is gone.
 
@@ -180,26 +194,24 @@ class ClaimRuntime(SlotVerbs):
         projection the API server refuses for good is logged and left: the workflow is the claim's authority, and
         the next move projects the whole state again.
         """
-        words = last_words_of
+        said = Said(event, message, warning, last_words_of, fact)
         if not workflow.patched(SERIAL_RECORDS):
-            await self._record(event, message, warning, spec, summary, release_finalizer, serial=False, words=words)
+            await self._record(said, spec, summary, release_finalizer, serial=False, identity=identity)
             return
         if self._recording is None:
             self._recording = asyncio.Lock()
         async with self._recording:
-            await self._record(event, message, warning, spec, summary, release_finalizer, serial=True, words=words)
+            await self._record(said, spec, summary, release_finalizer, serial=True, identity=identity)
 
     async def _record(
         self,
-        event: EventReason | None,
-        message: str,
-        warning: bool,
+        said: Said,
         spec: dict[str, Any] | None,
         summary: str,
         release_finalizer: bool,
         *,
         serial: bool,
-        words: str = "",
+        identity: c.ClaimIdentity | None = None,
     ) -> None:
         s = self.s
         if s.resource_gone:
@@ -214,13 +226,15 @@ class ClaimRuntime(SlotVerbs):
                     name=seed.name,
                     status=s.status_document(),
                     spec=spec,
-                    event_reason=str(event) if event else "",
-                    event_message=message,
-                    warning=warning,
+                    event_reason=str(said.event) if said.event else "",
+                    event_message=said.message,
+                    warning=said.warning,
                     release_finalizer=release_finalizer,
                     revision=s.revision,
                     above_held=serial,
-                    last_words_of=words,
+                    last_words_of=said.last_words_of,
+                    event_fact=said.fact,
+                    identity=identity,
                 ),
                 summary or f"record {s.phase} on claim {seed.name}",
             )
@@ -301,13 +315,15 @@ class ClaimRuntime(SlotVerbs):
         """The owner of its shutdown Jobs: the claim, or the slot alone once the claim resource is gone."""
         return "" if self.s.resource_gone else self.s.seed.name
 
-    async def on_attempt(self, job: str, started: str = "") -> None:
+    async def on_attempt(self, job: str, started: str = "", fact: str = "") -> None:
         summary = f"record shutdown attempt {self.s.book.attempts} ({job}) on claim {self.s.seed.name}"
-        await self.project(EventReason.SCALE_DOWN_STARTED if started else None, started, summary=summary)
+        await self.project(EventReason.SCALE_DOWN_STARTED if started else None, started, summary=summary, fact=fact)
 
-    async def on_event(self, reason: EventReason, message: str, warning: bool, last_words_of: str = "") -> None:
+    async def on_event(
+        self, reason: EventReason, message: str, warning: bool, last_words_of: str = "", fact: str = ""
+    ) -> None:
         summary = f"record {reason} on claim {self.s.seed.name}"
-        await self.project(reason, message, warning=warning, summary=summary, last_words_of=last_words_of)
+        await self.project(reason, message, warning=warning, summary=summary, last_words_of=last_words_of, fact=fact)
 
 
 # Writes that need the claim resource: NotFound there means the claim was deleted (its finalizer removed by hand,

@@ -7,11 +7,19 @@ generation continues as new into this one with its state intact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from api.contracts import ClaimDigest, ClaimRecord, ClaimSeed, Observation
-from api.names import OWNED_CLAIM_STATUS, ClaimPhase, ClaimReason, ConditionType
+from api.contracts import (
+    JOB_RUNNING,
+    JOB_SUCCEEDED,
+    ClaimDigest,
+    ClaimRecord,
+    ClaimSeed,
+    JobFinished,
+    Observation,
+)
+from api.names import OWNED_CLAIM_STATUS, ClaimPhase, ClaimReason, ConditionType, JobType
 from domain import law
 from workflows.shutdown import ShutdownBook
 
@@ -63,6 +71,8 @@ class ClaimState:
     revision: int = 0  # projections made: each carries its number, so a late one never lands over a newer one
     # Generation 8: the Job whose failure failed the claim (its Pod's words are on the resource, not here).
     failed_job: str = ""
+    # Generation 10: when the startup Job started, for one a lost run made (its budget counts from there).
+    startup_started_at: datetime | None = None
 
     @classmethod
     def from_seed(cls, seed: ClaimSeed) -> ClaimState:
@@ -91,6 +101,43 @@ class ClaimState:
         off = record.condition(ConditionType.MACHINE_OBSERVED_OFF)
         if off is not None and off.status and self.phase == ClaimPhase.READY:
             self.observed_off_since = off.since
+
+    def adopt(self, record: ClaimRecord, now: datetime) -> None:
+        """Take over the claim's own Jobs, as the lost run held them: its startup Job (a pending or booting claim's)
+        is monitored to its end with its budget counted from its start; its newest running shutdown Job is the
+        attempt under way, awaited instead of doubled, and counted once (its annotation says which attempt it is:
+        a record one behind it was lost between the Job and its record). No Job name seen is used again.
+
+        When a Job started is read from the record where it says so (MachineCommitted's clock, the last attempt's
+        time: the workflow's own clock), else from the Job's age when it was read.
+        """
+        jobs = record.jobs
+        startup = next((j for j in jobs if j.job_type == JobType.STARTUP), None)
+        if startup is not None and self.phase in (ClaimPhase.PENDING, ClaimPhase.BOOTING):
+            committed = record.condition(ConditionType.MACHINE_COMMITTED)
+            self.startup_job = startup.name
+            self.startup_started_at = (
+                committed.since
+                if committed is not None and committed.status
+                else now - timedelta(seconds=startup.age_seconds)
+            )
+            if startup.state != JOB_RUNNING:
+                self.book.finish(JobFinished(startup.name, startup.state == JOB_SUCCEEDED, startup.reason))
+        shutdowns = sorted((j for j in jobs if j.job_type == JobType.SHUTDOWN), key=lambda j: (j.sequence, j.name))
+        if not shutdowns:
+            return
+        self.book.sequence = max(self.book.sequence, shutdowns[-1].sequence)
+        self.book.last_job = shutdowns[-1].name
+        running = [j for j in shutdowns if j.state == JOB_RUNNING]
+        if not running or not self.live:
+            return
+        job = running[-1]
+        started = now - timedelta(seconds=job.age_seconds)
+        if job.attempt and self.book.attempts == job.attempt - 1:
+            self.book.attempts, self.book.last_attempt_at = job.attempt, started  # fired, never recorded
+        elif self.book.last_attempt_at is not None:
+            started = self.book.last_attempt_at  # the attempt on record is this Job
+        self.book.adopted, self.book.adopted_started = job.name, started
 
     # --- reads -------------------------------------------------------------------------------------------
     @property
