@@ -126,12 +126,15 @@ e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and c
 # The power examples against real BMCs (issue 31; root, network namespaces, runc): tests/machineroom/setup.sh installs
 # Debian's ipmi_sim, runc, buildah and mmdebstrap and sushy-tools in a Python of its own; images.sh builds the examples'
 # images from deploy/examples/power/images (cached by content; ~5 min cold); the run prints a table with each
-# method's time. Until the real node of issue 30 runs Pods, the containers run under runc in the machine room.
+# method's time. Two sides: the script side (test_power.py) runs each example's container under runc in the machine
+# room; the claim side (test_claims_real.py) applies each example's slot to the product on the real node of
+# `make e2e-pods` (so it needs that tier's binaries and packages), joined to the room's LAN. docs/power-methods.md.
 power-images: ## build (or reuse) the power examples' images and the machine room's OS image
 	tests/machineroom/setup.sh >/dev/null
 	tests/machineroom/images.sh
 
-e2e-power: $(STAMP) power-images ## every power example against its real protocol, in a machine room of namespaces
+e2e-power: $(STAMP) power-images cluster-bins node-bins ## every power example against its real protocol: scripts and claims
+	tests/realcluster/node-packages.sh
 	HOMELAB_E2E_POWER=1 $(BIN)/pytest -m machineroom tests/machineroom -v -s -rs -p no:cacheprovider
 
 # The real node (kubelet, kube-proxy, CoreDNS, local-path-provisioner, the Pod sandbox), built from Go modules into the

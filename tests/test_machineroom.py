@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from api.names import JobType
-from tests.machineroom import podrun, runc
+from tests.machineroom import net, podrun, runc
 from tests.machineroom.peers import state
 from tests.machineroom.room import Credentials, ipmi_lan_conf
 
@@ -173,3 +173,14 @@ def test_the_plug_stand_in_answers_as_shelly_gen2_does(tmp_path: Path) -> None:
     assert state.power(tmp_path) == "off"
     assert p.call("Nope.Nope", {})[0] == 404
     assert not p.authorized("GET", None) and not p.authorized("GET", 'Digest username="admin", algorithm=MD5')
+
+
+def test_the_masquerade_rule_names_the_pod_network_and_the_lan_interface() -> None:
+    """A real node's Pods reach the machine room's LAN by the rule a CNI bridge's ipMasq writes (net.Lan.join)."""
+    rules = net.masquerade_rules("10.244.0.0/24", "hlmr0")
+    assert 'ip saddr 10.244.0.0/24 oifname "hlmr0" masquerade' in rules
+    assert "type nat hook postrouting priority srcnat" in rules
+    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
+        net.masquerade_rules("10.244.0.0/33", "hlmr0")
+    with pytest.raises(ValueError, match="interface name"):
+        net.masquerade_rules("10.244.0.0/24", 'eth0" accept; #')

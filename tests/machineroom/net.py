@@ -67,6 +67,17 @@ def reap_dead_runs() -> list[str]:
     return removed
 
 
+def masquerade_rules(cidr: str, iface: str) -> str:
+    """nft's table masquerading a pod network's packets leaving on `iface` (what a CNI bridge's ipMasq does)."""
+    network = ipaddress.ip_network(cidr)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", iface):
+        raise ValueError(f"interface name {iface!r}: at most 15 letters, digits, '_', '.' or '-'")
+    return (
+        "table ip hlmr_nat {\n chain postrouting {\n  type nat hook postrouting priority srcnat; policy accept;\n"
+        f'  ip saddr {network} oifname "{iface}" masquerade\n }}\n}}\n'
+    )
+
+
 @dataclass(frozen=True)
 class Host:
     """One host on the LAN: its namespace, its interface and its address (and MAC: a wake-on-LAN NIC has one)."""
@@ -141,6 +152,31 @@ class Lan:
         self.hosts[name] = host
         return host
 
+    def join(self, name: str, netns: str, *, iface: str = "hlmr0", masquerade: str = "") -> Host:
+        """A namespace made by someone else (a real node's) joins the LAN as host `name`: a veth from the bridge to
+        `iface` there, an address on the LAN and a route for the limited broadcast (a wake-on-LAN packet to
+        255.255.255.255 leaves there; the namespace needs no default route). `masquerade`, a pod network's CIDR,
+        is masqueraded onto the LAN, as a CNI bridge's ipMasq does. The namespace stays its owner's: `down()` takes
+        the veth away with the bridge, nothing else."""
+        if not re.fullmatch(r"[a-z0-9-]{1,40}", name) or name in self.hosts:
+            raise ValueError(f"host name {name!r}: new, lowercase letters, digits and '-' only")
+        if not (NETNS_DIR / netns).exists():
+            raise ValueError(f"network namespace {netns!r} does not exist (it is its owner's to make)")
+        index = self._next
+        self._next += 1
+        port = f"p{index}"
+        mac = f"02:68:6c:00:00:{index:02x}"
+        sh("ip", "-n", self.netns, "link", "add", port, "type", "veth", "peer", "name", iface, "netns", netns)
+        sh("ip", "-n", self.netns, "link", "set", port, "master", "br0", "up")
+        sh("ip", "-n", netns, "link", "set", iface, "address", mac, "up")
+        host = Host(name, netns, str(LAN_CIDR.network_address + index), mac)
+        sh("ip", "-n", netns, "addr", "add", f"{host.address}/{LAN_CIDR.prefixlen}", "dev", iface)
+        sh("ip", "-n", netns, "route", "replace", "255.255.255.255/32", "dev", iface)
+        if masquerade:
+            sh(*host.exec("nft", "-f", "-"), input=masquerade_rules(masquerade, iface))
+        self.hosts[name] = host
+        return host
+
     def address_up(self, host: Host) -> None:
         sh("ip", "-n", host.netns, "addr", "replace", f"{host.address}/{LAN_CIDR.prefixlen}", "dev", "eth0")
         sh("ip", "-n", host.netns, "route", "replace", "default", "via", self.gateway)
@@ -166,11 +202,7 @@ class Lan:
         sh("ip", "-n", netns, "link", "set", "eth0", "up")
         sh("ip", "-n", netns, "route", "add", "default", "via", gateway)
         sh(*node.exec("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"))
-        rules = (
-            "table ip hlmr_nat {\n chain postrouting {\n  type nat hook postrouting priority srcnat; policy accept;\n"
-            f'  ip saddr {POD_CIDR} oifname "eth0" masquerade\n }}\n}}\n'
-        )
-        sh(*node.exec("nft", "-f", "-"), input=rules)
+        sh(*node.exec("nft", "-f", "-"), input=masquerade_rules(str(POD_CIDR), "eth0"))
         return Host(f"{node.name}-pod", netns, pod, "")
 
     def down(self) -> None:

@@ -8,8 +8,8 @@ machine room's network: the node's namespace for a host-network Pod, the pod net
 Its outcome is what a kubelet would report: the exit code (None past activeDeadlineSeconds) and the termination
 message by the container's policy (FallbackToLogsOnError: the file when it is not empty, else the log's last 80
 lines, at most 2048 bytes, when the container failed). While it runs, every process's command line is read, so a
-secret on one is caught. The claim-side run of the same Jobs (the real node of issue 30, tests/machineroom/
-test_claims_real.py) replaces this module; everything before it (the localized slot, the Job) is shared.
+secret on one is caught. The claim side (tests/machineroom/test_claims_real.py) runs the same slots' Jobs on the real
+node of issue 30 through the operator; this module is the script side's fast, direct run of each container.
 """
 
 from __future__ import annotations

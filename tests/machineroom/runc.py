@@ -1,6 +1,6 @@
 """Containers run by Debian's runc from an image's unpacked root filesystem (tests/machineroom/images.sh), in a
-network namespace of the machine room: the machines' operating systems (sshd) and, until the real node of issue 30
-runs Pods, the power Jobs' containers. The root filesystem is an overlay (the image read-only below, a writable
+network namespace of the machine room: the machines' operating systems (sshd) and, on the script side
+(test_power.py), the power Jobs' containers. The root filesystem is an overlay (the image read-only below, a writable
 layer above), as containerd gives a container; the capabilities are containerd's default set. Each container is
 stopped and deleted by its id, its overlay unmounted and its directories removed, and `leftovers()` proves it.
 """

@@ -8,8 +8,9 @@ and Secret values replaced) runs its container in the image built from deploy/ex
 checks the exit code, the last words a claim would show, what the BMC says, that the machine's kubelet hook fired
 (or not), and that no secret was on a command line, in the log or in the termination message.
 
-Until the real node of issue 30 runs Pods, this is the script side; tests/machineroom/test_claims_real.py holds the
-claim side (the claim's reason, `kubectl describe nodeclaim`, cluster-autoscaler's backoff) for the same cases.
+This is the script side (every case, fast, each container's exit code and last words read directly);
+tests/machineroom/test_claims_real.py is the claim side: the same slots through the product on issue 30's real node
+(the claim's phase and reason, `kubectl describe nodeclaim`), for on, off and the failure rows.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def room(images: Path) -> Iterator[MachineRoom]:
     finally:
         r.stop()
         left = r.leftovers()
-        _print_table(images)
+        _print_table(images, TABLE, "the script side (runc in the machine room)")
         assert not left, f"the machine room left {left}"
         assert not r.errors, r.errors
         shutil.rmtree(directory, ignore_errors=True)
@@ -101,7 +102,9 @@ def _version(cmd: list[str]) -> str:
     return text[0] if text else "?"
 
 
-def _print_table(images: Path) -> None:
+def _print_table(images: Path, table: dict[str, dict[str, str]], side: str) -> None:
+    """Issue 31's table for one side: a row per method, its peer and version, a cell per case, the time."""
+
     def in_image(image: str, *cmd: str) -> str:
         rootfs = images / image / "rootfs"
         out = subprocess.run(["chroot", str(rootfs), *cmd], capture_output=True, text=True, timeout=30, check=False)
@@ -116,10 +119,10 @@ def _print_table(images: Path) -> None:
         "curl": in_image("power-redfish", "dpkg-query", "-W", "-f=${Version}", "curl"),
     }  # fmt: skip
     cases = ["on", "off", "wrong password", "BMC does not answer", "5xx", "4xx", "never wakes"]
-    print("\n| method | peer and version | " + " | ".join(cases) + " | other | time |")
+    print(f"\n{side}:\n| method | peer and version | " + " | ".join(cases) + " | other | time |")
     print("|---|---|" + "---|" * (len(cases) + 2))
     for method, peer in PEERS.items():
-        row = TABLE.get(method, {})
+        row = table.get(method, {})
         other = "; ".join(f"{k}: {v}" for k, v in row.items() if k not in cases and k != "time")
         total = sum(float(v.rsplit("(", 1)[1].rstrip(" s)")) for k, v in row.items() if "(" in v and v.endswith(" s)"))
         print(f"| {method} | {peer.format(**versions)} | " + " | ".join(row.get(c, "n/a") for c in cases)
