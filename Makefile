@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins soak chaos bench bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,12 +77,24 @@ docs: $(STAMP) ## regenerate docs/configuration.md
 proto: $(STAMP) ## regenerate the externalgrpc stubs
 	$(BIN)/python -m proto.generate
 
-# Add a generation of recorded histories (make histories TAG=v3) when workflow code changed behind a patch:
-# the older generations stay, so every version that may still be running is replayed by tests/test_replay.py.
+# The replay corpus of this release: every story of tests/test_workflows.py and tests/test_record.py recorded as
+# tests/histories/r<release>-<story>-NN.json (the release of pyproject.toml's version; TAG=... names it otherwise).
+# This release's files are replaced; the previous release's stay, replayed by tests/test_replay.py until the release
+# after this one (docs/upgrades.md: the supported upgrade is from the previous release).
 TAG ?=
-histories: $(STAMP) ## record a generation of workflow histories (TAG=vN)
-	@test -n "$(TAG)" || (echo "make histories TAG=<generation>: older generations are kept"; exit 2)
-	HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$(TAG) $(BIN)/pytest -q tests/test_workflows.py tests/test_record.py
+histories: $(STAMP) ## record this release's workflow histories (tests/histories/r<release>-*.json)
+	@set -e; tag="$(TAG)"; tag=$${tag:-$$($(BIN)/python -m tests.releases history-tag)}; \
+		rm -f tests/histories/$$tag-*.json; \
+		HOMELAB_RECORD_HISTORIES=1 HOMELAB_HISTORY_TAG=$$tag $(BIN)/pytest -q -p no:cacheprovider \
+			tests/test_workflows.py tests/test_record.py; \
+		echo "recorded $$(ls tests/histories/$$tag-*.json | wc -l) histories as tests/histories/$$tag-*.json"
+
+# The upgrade from the previous release (tests/upgrade/): the previous release's wheel, built from its tag (or the
+# commit tests/releases.py records) into a virtualenv cached in ~/.cache/homelab-autoscaler/upgrade/, runs the operator
+# with a claim in every phase; this checkout's operator takes over on the same Temporal and homelab. ~2 min, plus
+# ~40 s the first time (the build). Not in `make test`: real processes in real time; CI runs it (.ci/run).
+upgrade: $(STAMP) ## upgrade from the previous release with claims in every phase in flight (tests/upgrade)
+	HOMELAB_UPGRADE=1 $(BIN)/pytest -v -s -rs -p no:cacheprovider tests/upgrade
 
 # The model-based adversary for as long as asked (tests/model.py): prints every seed, the examples and the steps.
 SOAK_MINUTES ?= 30

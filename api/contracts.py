@@ -177,7 +177,7 @@ class ClaimRecord:
     last_shutdown_attempt_at: datetime | None = None
     finished_at: datetime | None = None
     conditions: tuple[ConditionRecord, ...] = ()
-    # Generation 10: the claim's own lifecycle Jobs (a lost run's startup or shutdown Job may still be running).
+    # The claim's own lifecycle Jobs (a lost run's startup or shutdown Job may still be running).
     jobs: tuple[JobRecord, ...] = ()
 
     def condition(self, kind: str) -> ConditionRecord | None:
@@ -202,12 +202,12 @@ class ClaimSeed:
     reason: str = ""
     create_resource: bool = True
     reads_per_run: int = 500  # liveness reads before a ready claim continues as new (about 41 h at one per 5 min)
-    # Generation 3: what the group saw of the slot when it booked the claim (the law reads it at launch), and
-    # the reason of a mark that came with the claim (a hand-applied claim already being deleted).
+    # What the group saw of the slot when it booked the claim (the law reads it at launch), and the reason of a
+    # mark that came with the claim (a hand-applied claim already being deleted).
     observation: Observation = field(default_factory=Observation)
     marked_reason: str = ""
-    # Generation 7: the record a run started from a resource continues (None: a claim with no status yet), and
-    # for a claim no group can take (its slot or group does not exist) the reason and message it fails with.
+    # The record a run started from a resource continues (None: a claim with no status yet), and for a claim no
+    # group can take (its slot or group does not exist) the reason and message it fails with.
     record: ClaimRecord | None = None
     refused_reason: str = ""
     refused_message: str = ""
@@ -230,9 +230,11 @@ class ClaimDigest:
     finished_at: datetime | None = None
     machine_off: bool = False
     workflow_done: bool = False
-    # Generation 3 (a generation-2 claim drains and collects itself; a generation-3 one ends at its terminal
-    # phase and leaves both to its group): what the group needs to finish the claim's episode.
-    generation: int = 2
+    # Read by the 0.2 line only, which takes a digest without it for a generation-2 claim's (one that drains and
+    # collects itself): written as 3 while a group of that line may read it (a rollback, a rolling update), then gone.
+    generation: int = 3
+    # What the group needs to finish the claim's episode (a claim ends at its terminal phase and leaves the release
+    # of its machine and the collection of its resource to its group).
     ttl_seconds: int = 3600
     hand_over: bool = False  # superseded or slot deleted: the machine is someone else's (or nobody's) to act on
     powered: bool = False  # its startup Job succeeded (or it took a machine already on): maybe on though unseen
@@ -283,16 +285,16 @@ class StatusWrite:
     warning: bool = False
     release_finalizer: bool = False  # the claim's last write: nothing more will be done for its machine
     revision: int = 0  # the workflow's number for this projection: a stored later one is never overwritten
-    # Generation 7: the run records one projection at a time, so a revision the resource holds at or above this
-    # one is another run's (a lost one): the write lands above it, never skipped. The activity returns the number.
+    # The run records one projection at a time, so a revision the resource holds at or above this one is another
+    # run's (a lost one): the write lands above it, never skipped. The activity returns the number.
     above_held: bool = False
     # A failed Job whose Pod's termination message the activity reads and adds (after `LAST_WORDS_MARK`) to the
     # status message and the Event: the workflow names the Job, the text never enters its history.
     last_words_of: str = ""
-    # Generation 10: the fact the Event says, when more than one run may say it (a spent streak, a scale-down's
+    # The fact the Event says, when more than one run may say it (a spent streak, a scale-down's
     # start): an Event of the object with the same reason and fact is that Event already, and none is added.
     event_fact: str = ""
-    # Generation 10: what every live claim carries (labels, its slot as owner, a deadline), for a claim a run holds
+    # What every live claim carries (labels, its slot as owner, a deadline), for a claim a run holds
     # for the first time (applied by hand, or taken over): written where the object lacks it.
     identity: ClaimIdentity | None = None
 
@@ -462,7 +464,7 @@ class ReleaseSeed:
     namespace: str
     slot: str
     group: str
-    # Generation 3: the end of a claim's episode (the claim that owned the machine, a startup Job of it still
+    # The end of a claim's episode (the claim that owned the machine, a startup Job of it still
     # to wait out, and whether that claim's Job powered the machine, which its kubelet may never have shown).
     claim: str = ""
     startup_job: str = ""

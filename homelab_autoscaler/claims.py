@@ -154,7 +154,7 @@ LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
 def local_activity_type(e: HistoryEvent) -> str | None:
-    """The call a local activity's marker records (generation 9 on: the Kubernetes calls), or None for any other
+    """The call a local activity's marker records (the Kubernetes calls), or None for any other
     event."""
     if e.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
         return None

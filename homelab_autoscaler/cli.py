@@ -422,6 +422,8 @@ def build_cli() -> click.Group:
 
     context = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
     cli = click.Group(PROG, help=__doc__.split("\n\n")[0], context_settings=context)
+    # The release, as pyproject.toml says and the image's tag repeats (CHANGELOG.md).
+    click.version_option(package_name="homelab-autoscaler", prog_name=PROG, message="%(prog)s %(version)s")(cli)
     for name in roles.ROLES:
         cli.add_command(_role_command(name))
     cli.add_command(_dev_command())

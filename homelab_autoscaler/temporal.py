@@ -173,7 +173,7 @@ WORKFLOW_DEFINITIONS = frozenset({"workflows.claim.workflow", "workflows.group.w
 
 
 def _workflow_helpers() -> tuple[str, ...]:
-    """Every other module of `workflows` (the phases, the group's books, the shutdown driver, earlier generations)."""
+    """Every other module of `workflows` (the phases, the group's books, the shutdown driver, the patch table)."""
     found = pkgutil.walk_packages(workflows.__path__, prefix="workflows.")
     return tuple(sorted(m.name for m in found if not m.ispkg and m.name not in WORKFLOW_DEFINITIONS))
 

@@ -65,7 +65,7 @@ from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from tests import records
 from tests.lab import history_text
-from tests.procs import BIN, ROOT, free_port, port_open, wait_for
+from tests.procs import BIN, ROOT, free_port, port_open, readyz, wait_for
 from tests.realcluster import pki
 
 NS = "homelab-autoscaler-system"
@@ -666,13 +666,7 @@ class Chaos:
         self.report.violations["roles ready during the outage"] = [k for k in readyz if k.endswith(" 200")]
 
     def readyz(self, role: str) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health[role]}/readyz", timeout=3) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as err:
-            return int(err.code)
-        except OSError:
-            return 0  # the process is down (killed, restarting): not ready either
+        return readyz(self.health[role])  # 0 while the process is down (killed, restarting): not ready either
 
     async def bad_objects(self) -> None:
         """Mid-run, objects no contract accepts, stored as an older API server would have taken them."""

@@ -62,7 +62,7 @@ REAL_TIME_GRACE = 10.0
 STALL_WINDOW = 15.0
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("HOMELAB_RECORD_HISTORIES") == "1"
-# A generation prefix: histories of every released workflow version stay, so an upgrade is checked against all.
+# The release prefix of what is recorded (`make histories` sets it: r<release>, tests/releases.py).
 TAG = f"{os.environ['HOMELAB_HISTORY_TAG']}-" if os.environ.get("HOMELAB_HISTORY_TAG") else ""
 
 
@@ -609,7 +609,7 @@ async def status_if(lab: Lab, name: str, pred: Any) -> dict[str, Any] | None:
 async def slot_free(lab: Lab, slot_name: str) -> bool:
     snap = await lab.snapshot()
     s = snap["slots"][slot_name]
-    return not (s["liveClaim"] or s["drainingClaim"] or s["releasing"])
+    return not (s["liveClaim"] or s["releasing"])
 
 
 def seed_last_claim(lab: Lab, slot_name: str, *, phase: str, attempt: int) -> None:
@@ -696,7 +696,7 @@ def history_text(history: WorkflowHistory) -> str:
 
 def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
     """Each event's activity call, by name ("" for any other event): a scheduled activity, or a local activity's
-    marker (generation 9 on), so a test reads the order of calls whichever way they ran."""
+    marker, so a test reads the order of calls whichever way they ran."""
     names = []
     for e in events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -707,8 +707,7 @@ def activity_calls(events: Sequence[HistoryEvent]) -> list[str]:
 
 
 def activity_results(events: Sequence[HistoryEvent]) -> list[str]:
-    """The results of the activity calls that completed, as text: a regular activity's, or a local one's marker's
-    (generation 9 on)."""
+    """The results of the activity calls that completed, as text: a regular activity's, or a local one's marker's."""
     out = []
     for e in events:
         if e.HasField("activity_task_completed_event_attributes"):

@@ -353,7 +353,7 @@ class Model:
             s
             for s in SLOTS
             if s not in self.deleted_slots
-            and not (books[s]["liveClaim"] or books[s]["drainingClaim"] or books[s]["releasing"])
+            and not (books[s]["liveClaim"] or books[s]["releasing"])
             and self.lab.lab.power(s) == "off"
         ]
         if not free:

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,6 +52,17 @@ def port_open(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
         return True
     return False
+
+
+def readyz(port: int) -> int:
+    """The HTTP status of a role's /readyz on 127.0.0.1:`port`; 0 when nothing answers (the process is down)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError:
+        return 0
 
 
 @contextlib.contextmanager

@@ -384,12 +384,13 @@ def test_every_value_has_a_default_and_a_schema() -> None:
 
 
 def _semver(version: str) -> str:
-    """The project's PEP 440 version as SemVer, which Helm requires of a chart: 0.2.0a0 is 0.2.0-alpha.0."""
-    m = re.fullmatch(r"(\d+\.\d+\.\d+)(?:(a|b|rc)(\d+))?", version)
+    """The project's PEP 440 version as SemVer, which Helm requires of a chart: 0.2.0a0 is 0.2.0-alpha.0, the
+    development version after a release (0.4.0.dev0) is 0.4.0-dev.0."""
+    m = re.fullmatch(r"(\d+\.\d+\.\d+)(?:(a|b|rc|\.dev)(\d+))?", version)
     assert m, f"{version}: teach _semver this form of version"
     if not m[2]:
         return m[1]
-    return f"{m[1]}-{ {'a': 'alpha', 'b': 'beta', 'rc': 'rc'}[m[2]] }.{m[3]}"
+    return f"{m[1]}-{ {'a': 'alpha', 'b': 'beta', 'rc': 'rc', '.dev': 'dev'}[m[2]] }.{m[3]}"
 
 
 def test_the_chart_is_the_projects_version() -> None:
@@ -397,7 +398,9 @@ def test_the_chart_is_the_projects_version() -> None:
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert meta["appVersion"] == project, "appVersion is the image's tag: the project's version as written"
     assert meta["version"] == _semver(project), f"Chart.yaml `version: {_semver(project)}` (SemVer of {project})"
-    assert _semver("1.2.3") == "1.2.3" and _semver("1.0.0rc2") == "1.0.0-rc.2"
+    assert (
+        _semver("1.2.3") == "1.2.3" and _semver("1.0.0rc2") == "1.0.0-rc.2" and _semver("0.4.0.dev0") == "0.4.0-dev.0"
+    )
 
 
 def test_every_kustomization_names_the_image_of_this_version() -> None:

@@ -23,8 +23,10 @@ from api import contracts as c
 from homelab_autoscaler.claims import ClaimRow, age, format_rows, pending_timers, timeline, visibility_query
 from homelab_autoscaler.devserver import DevServer, _frontend_answers
 from tests.procs import BIN, ROOT, free_port
+from tests.releases import history_tag
 
 HISTORIES = Path(__file__).parent / "histories"
+TAG = history_tag()  # this release's recorded histories
 
 
 def claim_history(prefix: str) -> WorkflowHistory:
@@ -35,9 +37,8 @@ def claim_history(prefix: str) -> WorkflowHistory:
     raise AssertionError(f"no claim history recorded for {prefix}")
 
 
-@pytest.mark.parametrize("generation", ["", "v10-"])  # v9 on: the Kubernetes calls are local activities (markers)
-def test_timeline_of_a_scale_down_reads_as_the_claims_story(generation: str) -> None:
-    lines = timeline(claim_history(f"{generation}scale_down_ready"))
+def test_timeline_of_a_scale_down_reads_as_the_claims_story() -> None:
+    lines = timeline(claim_history(f"{TAG}-scale_down_ready"))  # the Kubernetes calls are local activities (markers)
     text = "\n".join(lines)
     order = ["started: claim", "phase pending", "phase booting", "phase ready", "signal: mark_for_deletion",
              "cordon the node", "shutdown Job", "phase completed (NodeDeleted)"]  # fmt: skip
@@ -73,7 +74,7 @@ def times(lines: list[str]) -> list[datetime]:
     return out
 
 
-@pytest.mark.parametrize("recorded", claim_history_files("v3-") + claim_history_files("v10-"), ids=lambda f: f.stem)
+@pytest.mark.parametrize("recorded", claim_history_files(f"{TAG}-"), ids=lambda f: f.stem)
 def test_a_timeline_is_in_time_order_without_internal_or_repeated_lines(recorded: Path) -> None:
     lines = timeline(WorkflowHistory.from_json(recorded.stem, recorded.read_text()))
     text = "\n".join(lines)
@@ -85,13 +86,13 @@ def test_a_timeline_is_in_time_order_without_internal_or_repeated_lines(recorded
 
 
 def test_a_poll_is_one_line_saying_how_often_and_until_when() -> None:
-    text = "\n".join(timeline(claim_histories("v3-shutdown_streak")))
+    text = "\n".join(timeline(claim_histories(f"{TAG}-shutdown_streak")))
     assert re.search(r"timer fired: shutdown verification \(10s\) ×12 \(until \d\d:\d\d:\d\d\)", text), text
     assert text.count("event: ShutdownNotObserved") == 6 and "update: reset_shutdown_streak" in text
 
 
 def test_a_claim_that_continued_as_new_is_one_story() -> None:
-    runs = claim_histories("v3-claim_continue_as_new")
+    runs = claim_histories(f"{TAG}-claim_continue_as_new")
     assert len(runs) >= 2
     lines = timeline(runs)
     text = "\n".join(lines)
@@ -100,8 +101,12 @@ def test_a_claim_that_continued_as_new_is_one_story() -> None:
 
 
 def test_a_closed_claim_shows_its_outcome() -> None:
-    lines = timeline(claim_histories("v3-startup_job_failed"))
-    assert re.search(r"closed: failed \(StartupJobFailed\): startup Job \S+ failed$", lines[-1]), lines
+    lines = timeline(claim_histories(f"{TAG}-startup_job_failed-"))
+    closed = (
+        r"closed: failed \(StartupJobFailed\): startup Job (\S+) failed: exit code 1 \(Error\)\. The Pod's last words: "
+    )
+    m = re.search(closed + r"kubectl -n \S+ describe nodeclaim \S+; kubectl -n \S+ logs job/(\S+)$", lines[-1])
+    assert m and m[1] == m[2], lines
 
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -143,7 +148,7 @@ def test_observations_are_one_line_and_pending_timers_say_when_they_fire() -> No
 
 
 def test_timeline_names_the_timers_of_a_readiness_gate_timeout() -> None:
-    text = "\n".join(timeline(claim_history("readiness_gate_times_out")))
+    text = "\n".join(timeline(claim_history(f"{TAG}-readiness_gate_times_out")))
     assert "timer fired: readiness gate" in text
     assert "phase failed (ReadinessGateTimeout)" in text
 

@@ -27,7 +27,6 @@ def book(name: str, *, power: str = "off", activations: int = 0, **busy: object)
             [book("a", power="on", activations=0), book("b", power="off", activations=9)], ["b", "a"], id="power-first"
         ),
         pytest.param([book("a", live_claim="x"), book("b")], ["b"], id="live-claim-is-busy"),
-        pytest.param([book("a", draining_claim="x"), book("b")], ["b"], id="drain-is-busy"),
         pytest.param([book("a", releasing=True), book("b")], ["b"], id="release-is-busy"),
         pytest.param([book("a", exists=False), book("b")], ["b"], id="deleted-slot"),
     ],

@@ -28,7 +28,7 @@ def state_with_slot(observation: c.Observation) -> GroupState:
 def final(observation: c.Observation | None, **kw: object) -> c.ClaimDigest:
     base: dict[str, object] = dict(
         name="s1-abc", slot="s1", group="g", phase="completed", attempt=1, call="IncreaseSize",
-        requested_at=T0, finished_at=T0, machine_off=True, workflow_done=True, generation=3,
+        requested_at=T0, finished_at=T0, machine_off=True, workflow_done=True,
         observation=observation,
     )  # fmt: skip
     base.update(kw)
@@ -37,27 +37,21 @@ def final(observation: c.Observation | None, **kw: object) -> c.ClaimDigest:
 
 def test_an_on_the_group_heard_after_the_claim_last_looked_is_released() -> None:
     s = state_with_slot(seen("on", 10))
-    s.remember(final(seen("off", 5)), recheck_power=True)
+    s.remember(final(seen("off", 5)))
     assert s.slots["s1"].releasing and s.slots["s1"].release is not None
 
 
 def test_a_claim_that_saw_off_last_keeps_its_view_and_a_stale_on_changes_nothing() -> None:
     s = state_with_slot(seen("on", 5))
-    s.remember(final(seen("off", 10)), recheck_power=True)
+    s.remember(final(seen("off", 10)))
     book = s.slots["s1"]
     assert not book.releasing and book.observation == seen("off", 10)
     assert seen("on", 7).older_than(book.observation), "a late 'on' from before the claim's end is dropped"
 
 
-def test_without_the_recheck_the_claims_view_is_ignored_as_before() -> None:
-    s = state_with_slot(seen("on", 10))
-    s.remember(final(seen("off", 5)))
-    assert not s.slots["s1"].releasing
-
-
 def test_a_handed_over_machine_is_not_released_by_the_group() -> None:
     s = state_with_slot(seen("on", 10))
-    s.remember(final(seen("off", 5), hand_over=True, reason="Superseded", phase="failed"), recheck_power=True)
+    s.remember(final(seen("off", 5), hand_over=True, reason="Superseded", phase="failed"))
     assert not s.slots["s1"].releasing
 
 

@@ -20,7 +20,7 @@ from workflows.claim.runtime import FAILURE_REASONS, MOVE_EVENTS
 from workflows.group.state import ERROR_CODES, NOT_BOOT_FAILURES, OUT_OF_RESOURCES, error_of
 
 ROOT = Path(__file__).resolve().parent.parent
-# Where a rule's duration would hide; legacy workflow code is frozen as it was recorded.
+# Where a rule's duration would hide.
 RULE_PACKAGES = ("domain", "workflows", "activities", "watchers", "kube")
 # Not a timing: the smallest step of a report's timestamps.
 NOT_TIMINGS = {("domain/history.py", "RESOLUTION")}
@@ -47,7 +47,7 @@ def module_level_durations(path: Path) -> list[str]:
 
 
 def test_no_duration_outside_the_timings_table() -> None:
-    files = [p for pkg in RULE_PACKAGES for p in (ROOT / pkg).rglob("*.py") if "legacy" not in p.parts]
+    files = [p for pkg in RULE_PACKAGES for p in (ROOT / pkg).rglob("*.py")]
     found = [hit for p in files if p.name != "timings.py" for hit in module_level_durations(p)]
     stray = [hit for hit in found if (hit.split(":")[0], hit.split(" ")[-1]) not in NOT_TIMINGS]
     assert not stray, f"durations outside domain/timings.py: {stray}"

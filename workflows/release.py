@@ -15,7 +15,7 @@ from temporalio.common import SearchAttributeKey
 from api import contracts as c
 from api.names import EventReason, JobType
 from workflows.handles import signal_group
-from workflows.legacy.v2.release import LegacyRelease
+from workflows.patches import Patch
 from workflows.shutdown import JOB_OUTCOME_SUCCEEDED, ShutdownBook, monitor_job, shut_down
 from workflows.verbs import Broken, SlotVerbs
 
@@ -23,8 +23,11 @@ KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)
 
 
-class Release(SlotVerbs):
+@workflow.defn(name=c.WorkflowName.RELEASE)
+class ReleaseWorkflow(SlotVerbs):
+    @workflow.init
     def __init__(self, seed: c.ReleaseSeed) -> None:
+        workflow.deprecate_patch(Patch.RELEASE_GENERATION_3)  # 0.2's runs chose their generation here
         self.seed = seed
         self._book = ShutdownBook()
         self.observation = c.Observation(power="on")
@@ -34,6 +37,7 @@ class Release(SlotVerbs):
         self.was_seen_on = False
         self.off_verified = False
 
+    @workflow.run
     async def run(self, seed: c.ReleaseSeed) -> bool:
         workflow.upsert_search_attributes([KEY_GROUP.value_set(seed.group), KEY_SLOT.value_set(seed.slot)])
         # A Job name of its own per episode: an earlier release's finished Job must not answer for this one.
@@ -63,15 +67,19 @@ class Release(SlotVerbs):
             workflow.logger.info("could not tell group %s: %s", seed.group, err)
         return off
 
+    @workflow.signal(name=c.ReleaseSignal.OBSERVE)
     def observe(self, observation: c.Observation) -> None:
         self.take(observation)
 
+    @workflow.signal(name=c.ReleaseSignal.JOB_FINISHED)
     def job_finished(self, finished: c.JobFinished) -> None:
         self._book.finish(finished)
 
+    @workflow.signal(name=c.ReleaseSignal.ABORT)
     def abort(self) -> None:
         self.aborted = True
 
+    @workflow.update(name=c.ReleaseUpdate.RESET_SHUTDOWN_STREAK)
     def reset_shutdown_streak(self) -> int:
         before = self._book.attempts
         self._book.reset()
@@ -128,36 +136,3 @@ class Release(SlotVerbs):
             )
         except Broken as err:
             workflow.logger.warning("event %s on slot %s not recorded: %s", reason, self.seed.slot, err)
-
-
-# The marker of the current generation: a run whose history lacks it is a generation-2 run.
-GENERATION_3 = "release-generation-3"
-
-
-@workflow.defn(name=c.WorkflowName.RELEASE)
-class ReleaseWorkflow:
-    """The registered workflow: each run chooses its generation once (see `workflows.legacy`)."""
-
-    @workflow.init
-    def __init__(self, seed: c.ReleaseSeed) -> None:
-        self.impl: Release | LegacyRelease = Release(seed) if workflow.patched(GENERATION_3) else LegacyRelease(seed)
-
-    @workflow.run
-    async def run(self, seed: c.ReleaseSeed) -> bool:
-        return await self.impl.run(seed)
-
-    @workflow.signal(name=c.ReleaseSignal.OBSERVE)
-    def observe(self, observation: c.Observation) -> None:
-        self.impl.observe(observation)
-
-    @workflow.signal(name=c.ReleaseSignal.JOB_FINISHED)
-    def job_finished(self, finished: c.JobFinished) -> None:
-        self.impl.job_finished(finished)
-
-    @workflow.signal(name=c.ReleaseSignal.ABORT)
-    def abort(self) -> None:
-        self.impl.abort()
-
-    @workflow.update(name=c.ReleaseUpdate.RESET_SHUTDOWN_STREAK)
-    def reset_shutdown_streak(self) -> int:
-        return self.impl.reset_shutdown_streak()

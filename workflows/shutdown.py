@@ -29,6 +29,7 @@ from api.names import (
 from domain import claims
 from domain.timings import TIMINGS
 from workflows import metrics
+from workflows.patches import Patch
 from workflows.verbs import Broken
 
 # How long a machine may keep reporting Ready after its shutdown Job succeeded: the kubelet's Node stays Ready
@@ -40,12 +41,6 @@ JOB_OUTCOME_TIMEOUT = "timeout"
 JOB_OUTCOME_INTERRUPTED = "interrupted"  # the host stopped waiting (superseded, aborted): the Job's end is unknown
 # The Job controller's reason for a Job its own activeDeadlineSeconds ended: a timeout, not a failure.
 JOB_DEADLINE_REASON = "DeadlineExceeded"
-# ScaleDownStarted is published with the first shutdown Job's record (one write, one activity), not before the
-# cordon on its own.
-STARTED_WITH_JOB = "scale-down-started-with-its-job"
-# A shutdown Job that failed or timed out is read for how its Pod ended (exit code, reason), said in its Warning;
-# the activity that writes the Warning adds the Pod's words (generation 8 histories on).
-SHUTDOWN_FAILURE_SAYS_WHY = "shutdown-failure-says-why"
 
 SHUTDOWN_EVENTS: dict[str, EventReason] = {
     JOB_OUTCOME_SUCCEEDED: EventReason.SHUTDOWN_NOT_OBSERVED,
@@ -65,8 +60,8 @@ class ShutdownBook:
     finished_jobs: dict[str, bool] = field(default_factory=dict)
     finished_reasons: dict[str, str] = field(default_factory=dict)
     last_job: str = ""  # the last shutdown Job fired: the one a completion cites
-    # Generation 10: a running shutdown Job a lost run fired (a taken-over claim's): the attempt under way, awaited
-    # and judged before any other is fired, its budget counted from its start.
+    # A running shutdown Job a lost run fired (a taken-over claim's): the attempt under way, awaited and judged
+    # before any other is fired, its budget counted from its start.
     adopted: str = ""
     adopted_started: datetime | None = None
 
@@ -272,14 +267,8 @@ async def shut_down(host: ShutdownHost) -> bool:
             continue
         host.details("cordoning the node")
         first = book.attempts == 0
-        with_job = first and workflow.patched(STARTED_WITH_JOB)
-        if first and not with_job:
-            await host.on_event(
-                EventReason.SCALE_DOWN_STARTED,
-                f"cordoning the node of slot {slot.slot}, then a shutdown Job",
-                False,
-                fact=scale_down_fact(owner),
-            )
+        if first:  # ScaleDownStarted goes out with the first shutdown Job's record, not before the cordon on its own
+            workflow.deprecate_patch(Patch.STARTED_WITH_JOB)
         # The writes that act on the machine stop the moment the host is interrupted (a superseded claim hands
         # its machine to a newer one), even while they are being retried: no shutdown for a machine not ours.
         try:
@@ -307,7 +296,7 @@ async def shut_down(host: ShutdownHost) -> bool:
         book.last_job = job
         after = claims.after_shutdown_job(book.streak(), host.now())
         book.attempts, book.last_attempt_at = after.attempts, after.last_attempt_at
-        said = f"cordoned the node of slot {slot.slot}; shutdown Job {job}" if with_job else ""
+        said = f"cordoned the node of slot {slot.slot}; shutdown Job {job}" if first else ""
         await host.on_attempt(job, said, scale_down_fact(owner) if said else "")
         judged = await _judge(host, job)
         if judged is not None:
@@ -328,10 +317,11 @@ async def _judge(host: ShutdownHost, job: str, started: datetime | None = None) 
             return False
         said, words = "succeeded but the machine is still on", ""
     else:
-        said, words = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed", ""
-        if workflow.patched(SHUTDOWN_FAILURE_SAYS_WHY):
-            ended, words = await job_exit(host, job, JobType.SHUTDOWN), job
-            said += f": {ended.said()}" if ended is not None else ""
+        # How its Pod ended (exit code, reason) is said in the Warning; the activity writing it adds the Pod's words.
+        workflow.deprecate_patch(Patch.SHUTDOWN_FAILURE_SAYS_WHY)
+        said, words = "timed out" if outcome == JOB_OUTCOME_TIMEOUT else "failed", job
+        ended = await job_exit(host, job, JobType.SHUTDOWN)
+        said += f": {ended.said()}" if ended is not None else ""
     await host.on_event(
         SHUTDOWN_EVENTS[outcome],
         f"shutdown Job {job} {said} (attempt {book.attempts} of {TIMINGS.max_consecutive_attempts})",

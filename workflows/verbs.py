@@ -21,6 +21,7 @@ from temporalio.exceptions import TimeoutError as CallTimedOut
 from api import contracts as c
 from api.names import Failure
 from domain.timings import TIMINGS
+from workflows.patches import Patch
 
 T = TypeVar("T")
 
@@ -44,17 +45,15 @@ READ_RETRY = RetryPolicy(
 )
 
 
-# Kubernetes writes and reads run as local activities (history generation 9 on): the worker that runs the workflow
-# task runs the call and records its result in the task's completion, so no activity task goes through Temporal's
-# server (three events, a task queue round trip and a workflow task less per call). Their retries are the SDK's:
-# a backoff longer than TIMINGS.local_retry_threshold is a workflow timer (visible in the history, skipped by the
-# time-skipping server), so no workflow task is held open while the API server is away.
-LOCAL_ACTIVITIES = "activities-run-local"
+# Kubernetes writes and reads run as local activities: the worker that runs the workflow task runs the call and
+# records its result in the task's completion, so no activity task goes through Temporal's server (three events, a
+# task queue round trip and a workflow task less per call). Their retries are the SDK's: a backoff longer than
+# TIMINGS.local_retry_threshold is a workflow timer (visible in the history, skipped by the time-skipping server),
+# so no workflow task is held open while the API server is away.
 # Local activities need the workflow cache: a worker that keeps none evicts a run while its local activity is in
 # flight and cancels the call, at every task (the operator refuses `--cached-workflows 0`). The time-skipping test
 # server moves no task off a dead worker's sticky queue, so the model's worker-restart examples run without a cache:
-# a lab without a cache turns this off for its run (tests.lab.open_lab) and takes the regular activities older runs
-# still take.
+# a lab without a cache turns this off for its run (tests.lab.open_lab) and its calls are regular activities.
 LOCAL_CALLS = True
 
 
@@ -67,8 +66,9 @@ def run_activity(
     summary: str,
     result_type: type | None = None,
 ) -> Awaitable[Any]:
-    """One activity call, local from generation 9 on (`LOCAL_ACTIVITIES`), as a regular activity before."""
-    if LOCAL_CALLS and workflow.patched(LOCAL_ACTIVITIES):
+    """One activity call: local, unless the worker keeps no workflow cache (`LOCAL_CALLS`)."""
+    if LOCAL_CALLS:
+        workflow.deprecate_patch(Patch.LOCAL_ACTIVITIES)
         return workflow.execute_local_activity(
             name,
             arg,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from kubernetes import client as k8s
 
+from tests import releases
 from tests.procs import free_port
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
 from tests.realcluster.executor import Executor, Machine
@@ -155,11 +156,18 @@ class PodStack:
             base = b.python_base()
             self.built["python-base"] = base
             self.built["homelab-autoscaler"] = b.operator(base=base)
-            # The release before this checkout's, for the rollout while claims are in flight: the nearest earlier
-            # commit whose image differs, built from its own Dockerfile (a clone without it says so there).
-            # HOMELAB_E2E_PREVIOUS names another (an older release, to roll across more history).
+            # The release before this checkout's, for the rollout while claims are in flight: tests/releases.py's
+            # previous release (the one `make upgrade` upgrades from, the supported upgrade), built from its own
+            # Dockerfile; with none recorded, the nearest earlier commit whose image differs (a clone without it
+            # says so there). HOMELAB_E2E_PREVIOUS names another (an older release, to roll across more history).
             given = os.environ.get("HOMELAB_E2E_PREVIOUS", "")
-            self.previous_commit = resolve_commit(given) if given else previous_image_commit()
+            release = releases.previous()
+            if given:
+                self.previous_commit = resolve_commit(given)
+            elif release is not None:
+                self.previous_commit = resolve_commit(release.tag or release.commit)
+            else:
+                self.previous_commit = previous_image_commit()
             if self.previous_commit is not None:
                 source = export_commit(self.previous_commit, self.dir / "previous")
                 self.built[PREVIOUS] = b.operator(

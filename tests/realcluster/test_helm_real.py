@@ -39,6 +39,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from api import names
+from tests import releases
 from tests.procs import ROOT
 from tests.realcluster import audit
 from tests.realcluster.cluster import wait_until
@@ -117,8 +118,8 @@ class HelmStack(Stack):
     driver: str = "none"
     admission: bool = False
     host_operator: bool = True  # the operator's roles as the harness's processes (KWOK's Pods run nothing)
-    images: tuple[str, str] = ("ghcr.io/homecluster/homelab-autoscaler:0.2.0a0",
-                               "ghcr.io/homecluster/homelab-autoscaler:0.2.0a0-next")  # fmt: skip
+    images: tuple[str, str] = (f"ghcr.io/homecluster/homelab-autoscaler:{releases.current()}",
+                               f"ghcr.io/homecluster/homelab-autoscaler:{releases.current()}-next")  # fmt: skip
     values: Path = field(init=False)
     chart: Path = CHART  # the chart the documented commands name (./charts/homelab-autoscaler): this release's
     log: list[str] = field(default_factory=list)

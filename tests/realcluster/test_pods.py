@@ -469,7 +469,7 @@ def test_the_homelab_described_with_power_jobs_that_call_the_machine_room(pods: 
     s = pods
     with s.phase("story: the homelab described"):
         if PREVIOUS in s.images.refs:
-            # A user of the previous release (the nearest earlier commit whose image differs): its operator runs
+            # A user of the previous release (tests/releases.py's, as for `make upgrade`): its operator runs
             # the homelab from the start, so every workflow is begun by the older code and carried on by the newer
             # after the rollout. (Temporal keeps the current image: the rollout is about the operator.)
             s.cluster.kubectl("-n", NS, "set", "image", "deployment/homelab-autoscaler",
@@ -493,7 +493,7 @@ def test_the_homelab_described_with_power_jobs_that_call_the_machine_room(pods: 
 
 
 def test_a_rollout_of_a_new_image_while_claims_are_in_flight(pods: PodStack) -> None:
-    """The operator runs the previous release's image (the nearest earlier commit whose image differs) since the
+    """The operator runs the previous release's image (tests/releases.py's) since the
     homelab was described, so its workflows were begun by the older code; two machines are asked for; while both
     claims are mid-boot the current release is applied as docs/upgrades.md says (`kubectl apply -k` with the new
     image): the Deployment is recreated on the new image, whose worker carries the groups and claims on, and both

@@ -20,6 +20,7 @@ from api.names import (
 from domain import fsm
 from domain.timings import TIMINGS
 from workflows.claim.runtime import ClaimRuntime
+from workflows.patches import Patch
 from workflows.shutdown import (
     JOB_OUTCOME_FAILED,
     JOB_OUTCOME_SUCCEEDED,
@@ -29,13 +30,6 @@ from workflows.shutdown import (
     poll_until,
 )
 from workflows.verbs import Broken
-
-# The watchers already said the node is Ready and free of the readiness taints: the read after the startup Job
-# (there to catch a lost signal) could only repeat it, at the cost of an activity and a workflow task per boot.
-TRUST_OPEN_GATE = "boot-trusts-an-open-gate-it-was-told"
-# A startup Job that failed or timed out is read for how its Pod ended (exit code, reason), which the claim's message
-# says; the activity that records the failure adds the Pod's words (generation 8 histories on).
-FAILED_JOB_SAYS_WHY = "boot-failure-says-why"
 
 # A startup Job that ended badly, as an event of the node state machine, and how the claim says it.
 JOB_EVENTS: dict[str, tuple[NodeEvent, str]] = {
@@ -58,16 +52,22 @@ async def boot(rt: ClaimRuntime) -> None:
             # The node state machine's table says what a failed or timed-out startup Job means for the claim.
             ends = fsm.consequence(NodeState.STARTINGUP, event)
             assert ends.claim_phase is not None and ends.reason is not None
+            # How its Pod ended (exit code, reason) is read and said in the claim's message; the activity that records
+            # the failure adds the Pod's words.
             message = f"startup Job {s.startup_job} {said}"
-            if workflow.patched(FAILED_JOB_SAYS_WHY):
-                ended = await job_exit(rt, s.startup_job, JobType.STARTUP)
-                message += f": {ended.said()}" if ended is not None else ""
-                s.failed_job = s.startup_job
+            workflow.deprecate_patch(Patch.FAILED_JOB_SAYS_WHY)
+            ended = await job_exit(rt, s.startup_job, JobType.STARTUP)
+            message += f": {ended.said()}" if ended is not None else ""
+            s.failed_job = s.startup_job
             await rt.move(ends.claim_phase, ends.reason, message, True, s.failed_job)
             return
     if s.marked or s.abandoned:
         return
-    if not (s.observation.gate_open and workflow.patched(TRUST_OPEN_GATE)):
+    if s.observation.gate_open:
+        # The watchers already said the node is Ready and free of the readiness taints: a read after the startup
+        # Job (there to catch a lost signal) could only repeat it, at the cost of an activity and a workflow task.
+        workflow.deprecate_patch(Patch.TRUST_OPEN_GATE)
+    else:
         await rt.observe_now()
 
     def stop() -> bool:

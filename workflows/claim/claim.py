@@ -1,4 +1,4 @@
-"""The claim, generation 3: one attempt, from pending to its terminal phase, where its workflow closes.
+"""The claim: one attempt, from pending to its terminal phase, where its workflow closes.
 
 The run is the phases in order (launch, boot, serve, then reverse); the handlers only record inputs. Every move
 goes through `ClaimRuntime.move`, which checks the legal-moves table, tells the group and projects the claim's
@@ -25,18 +25,8 @@ from workflows.claim.liveness import serve
 from workflows.claim.release import reverse
 from workflows.claim.runtime import ClaimRuntime, failure_reason
 from workflows.claim.state import ClaimState
+from workflows.patches import Patch
 from workflows.verbs import Broken, Deadline
-
-# A claim the group creates carries its finalizer from its first write (`create_claim_held`), so it needs no
-# separate finalizer write before its startup Job; a claim taken over or adopted still adds it.
-CREATED_HELD = "claim-created-with-finalizer"
-# A claim's workflow that closes Failed says where a failed Job's last words are, and is an expected outcome
-# (benign: the data converter leaves out its stack trace, which the Web UI would show as a crash).
-FAILED_CLOSE_SAYS_WHERE = "claim-failed-close-says-where-to-look"
-# A run that takes a claim over adopts it whole (generation 10 histories on): the lost run's Jobs (a running startup
-# Job monitored to its end, a running shutdown Job awaited and counted once), and what every live claim carries (its
-# slot's and group's labels, the slot as owner, spec.deadlineAt), written with the take-over's record.
-TAKEN_OVER_WHOLE = "claim-taken-over-adopted-whole"
 
 
 def failed_close(said: str, namespace: str, claim: str, job: str) -> str:
@@ -74,16 +64,17 @@ class Claim(ClaimRuntime):
         await workflow.wait_condition(self.settled)
         self.details(f"{s.phase} ({s.reason or 'no reason'})")
         if s.phase == ClaimPhase.FAILED:
-            # The reason leads the message: the Web UI shows the message first, the failure type further down.
+            # The reason leads the message: the Web UI shows the message first, the failure type further down. It
+            # says where a failed Job's last words are, and it is an expected outcome (benign: the data converter
+            # leaves out its stack trace, which the Web UI would show as a crash).
             said = f"{s.reason}: {s.message}" if s.message else s.reason
-            if workflow.patched(FAILED_CLOSE_SAYS_WHERE):
-                raise ApplicationError(
-                    failed_close(said, s.seed.namespace, s.seed.name, s.failed_job),
-                    type=s.reason,
-                    non_retryable=True,
-                    category=ApplicationErrorCategory.BENIGN,
-                )
-            raise ApplicationError(said, type=s.reason, non_retryable=True)
+            workflow.deprecate_patch(Patch.FAILED_CLOSE_SAYS_WHERE)
+            raise ApplicationError(
+                failed_close(said, s.seed.namespace, s.seed.name, s.failed_job),
+                type=s.reason,
+                non_retryable=True,
+                category=ApplicationErrorCategory.BENIGN,
+            )
         return s.digest(workflow_done=True)
 
     async def _lifecycle(self) -> bool:
@@ -116,21 +107,24 @@ class Claim(ClaimRuntime):
             await self.move(ClaimPhase.FAILED, seed.refused_reason, seed.refused_message, warning=True)
             return
         if seed.create_resource:
-            held = workflow.patched(CREATED_HELD)
-            act = c.Act.CREATE_CLAIM_HELD if held else c.Act.CREATE_CLAIM
+            # A claim the group creates carries its finalizer from its first write, so it needs no separate
+            # finalizer write before its startup Job; a claim taken over or adopted still adds it.
+            workflow.deprecate_patch(Patch.CREATED_HELD)
             try:
-                await self.write(act, seed, f"create claim {seed.name}")
+                await self.write(c.Act.CREATE_CLAIM_HELD, seed, f"create claim {seed.name}")
             except Broken as err:  # the API server refuses the claim itself: nothing can be recorded on it
                 s.resource_gone = True
                 s.abandoned, s.abandoned_message = ClaimReason.CLAIM_REFUSED, err.message
                 return
-            s.finalizer = held
+            s.finalizer = True
         else:
-            identity = None
-            if workflow.patched(TAKEN_OVER_WHOLE):
-                if seed.record is not None:
-                    s.adopt(seed.record, self.now())
-                identity = c.ClaimIdentity(seed.slot, seed.group, s.deadline_at)
+            # A run that takes a claim over adopts it whole: the lost run's Jobs (a running startup Job monitored to
+            # its end, a running shutdown Job awaited and counted once), and what every live claim carries (its
+            # slot's and group's labels, the slot as owner, spec.deadlineAt), written with the take-over's record.
+            workflow.deprecate_patch(Patch.TAKEN_OVER_WHOLE)
+            if seed.record is not None:
+                s.adopt(seed.record, self.now())
+            identity = c.ClaimIdentity(seed.slot, seed.group, s.deadline_at)
             await self.project(*self._taken_over(), summary=f"take over claim {seed.name}", identity=identity)
         if s.phase in (ClaimPhase.BOOTING, ClaimPhase.READY) and not s.resource_gone and not s.finalizer:
             # Already committed to a machine (adopted, or taken over mid-boot): the finalizer holds the claim until

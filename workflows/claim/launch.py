@@ -14,11 +14,8 @@ from api.names import ClaimPhase, ClaimReason, EventReason, JobType, Operation
 from domain import claims, law
 from domain.timings import TIMINGS
 from workflows.claim.runtime import ClaimRuntime
+from workflows.patches import Patch
 from workflows.verbs import Broken, Deadline
-
-# A claim that fails while its startup Job is being made (the deadline, a refusal) reads whether the Job exists
-# before it names it anywhere (generation 7 histories on).
-SETTLE_UNBOUGHT_JOB = "claim-settles-an-unbought-startup-job"
 
 
 async def launch(rt: ClaimRuntime) -> None:
@@ -39,7 +36,7 @@ async def launch(rt: ClaimRuntime) -> None:
         return s.marked or bool(s.abandoned)
 
     if s.startup_job:
-        # Taken over with the startup Job a lost run made (generation 10): the machine is bought already, whatever
+        # Taken over with the startup Job a lost run made: the machine is bought already, whatever
         # has been asked since. It is held and its boot goes on (or is reversed), never cancelled as unbought.
         if not s.finalizer:
             await rt.write(c.Act.ADD_FINALIZER, rt.claim_ref(), f"add the finalizer to claim {seed.name}")
@@ -83,7 +80,8 @@ async def launch(rt: ClaimRuntime) -> None:
     except (Deadline, Broken):
         # The claim fails before it knows its Job was made: a Job that is not there is not named in its ClaimFailed,
         # and its release does not wait for it. One the read cannot rule out stays named.
-        if workflow.patched(SETTLE_UNBOUGHT_JOB) and (found := await job_state()) and found.state == c.JOB_MISSING:
+        workflow.deprecate_patch(Patch.SETTLE_UNBOUGHT_JOB)
+        if (found := await job_state()) and found.state == c.JOB_MISSING:
             s.startup_job = ""
         raise
     if not bought:

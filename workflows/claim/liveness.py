@@ -12,6 +12,7 @@ from api.names import ClaimPhase, ClaimReason, ConditionType
 from domain import claims
 from domain.timings import TIMINGS
 from workflows.claim.runtime import ClaimRuntime
+from workflows.patches import Patch
 
 # The truth read of a serving machine: watcher signals carry every change; this bounds a lost one.
 
@@ -23,7 +24,8 @@ async def serve(rt: ClaimRuntime) -> bool:
     while s.phase == ClaimPhase.READY and not s.marked and not s.abandoned:
         if workflow.info().is_continue_as_new_suggested():
             return True
-        if s.liveness_reads >= s.seed.reads_per_run and workflow.patched("claim-continue-after-liveness-reads"):
+        if s.liveness_reads >= s.seed.reads_per_run:
+            workflow.deprecate_patch(Patch.CONTINUE_AFTER_LIVENESS_READS)
             return True
         now = rt.now()
         if not s.power_on:

@@ -20,6 +20,7 @@ from domain import claims
 from workflows import metrics
 from workflows.claim.state import ClaimState
 from workflows.handles import signal_group
+from workflows.patches import Patch
 from workflows.shutdown import ShutdownBook
 from workflows.verbs import Broken, SlotVerbs
 
@@ -48,19 +49,6 @@ FAILURE_REASONS: dict[Failure, ClaimReason] = {
 }
 
 
-# A move's signal to the group leaves in the same workflow task as its projection (generation 6 histories on).
-TELL_BESIDE = "claim-tells-group-beside-its-projection"
-# Projections are recorded one at a time (a handler's waits for the run's), so a revision the resource holds at or
-# past the run's own is another run's: the write lands above it, never skipped (generation 7 histories on).
-SERIAL_RECORDS = "claim-records-one-at-a-time"
-# A failed claim says so in the conventional condition, Ready=False with its reason and message, whether or not it
-# was ever ready (generation 8 histories on).
-FAILED_NOT_READY = "claim-failure-sets-ready-false"
-# ClaimCompleted cites the shutdown Job that ended the episode (none when none was fired), not the startup Job
-# (generation 8 histories on).
-COMPLETION_CITES_ITS_JOB = "claim-completion-cites-its-shutdown-job"
-
-
 @dataclass(frozen=True)
 class Said:
     """The Event a projection is followed by, once it landed (none without a reason)."""
@@ -85,7 +73,7 @@ class ClaimRuntime(SlotVerbs):
 
     s: ClaimState
     _telling: asyncio.Task[None] | None = None  # the last signal to the group, in flight beside the next steps
-    _recording: asyncio.Lock | None = None  # held by the projection being recorded (SERIAL_RECORDS)
+    _recording: asyncio.Lock | None = None  # held by the projection being recorded: one at a time
 
     def slot_ref(self) -> c.SlotRef:
         return c.SlotRef(self.s.seed.namespace, self.s.seed.slot)
@@ -149,9 +137,11 @@ class ClaimRuntime(SlotVerbs):
         terminal = target in (ClaimPhase.FAILED, ClaimPhase.COMPLETED)
         if terminal:
             s.finished_at = now
-            if ConditionType.READY in s.conditions or (
-                target is ClaimPhase.FAILED and workflow.patched(FAILED_NOT_READY)
-            ):
+            # A failed claim says so in the conventional condition, Ready=False with its reason and message, whether
+            # or not it was ever ready.
+            if ConditionType.READY not in s.conditions and target is ClaimPhase.FAILED:
+                workflow.deprecate_patch(Patch.FAILED_NOT_READY)
+            if ConditionType.READY in s.conditions or target is ClaimPhase.FAILED:
                 s.set_condition(ConditionType.READY, False, reason or str(target), message, now)
         self.search_attributes()
         metrics.claim_moved(s.seed.namespace, s.seed.group, str(target), s.reason)
@@ -163,7 +153,8 @@ class ClaimRuntime(SlotVerbs):
         await self.notify_group(final=terminal)
         spec = {"deadlineAt": None} if target is ClaimPhase.READY else None
         job = s.startup_job
-        if target is ClaimPhase.COMPLETED and workflow.patched(COMPLETION_CITES_ITS_JOB):
+        if target is ClaimPhase.COMPLETED:  # it cites the shutdown Job that ended the episode (none if none was fired)
+            workflow.deprecate_patch(Patch.COMPLETION_CITES_ITS_JOB)
             job = s.book.last_job
         await self.project(
             event,
@@ -195,13 +186,11 @@ class ClaimRuntime(SlotVerbs):
         the next move projects the whole state again.
         """
         said = Said(event, message, warning, last_words_of, fact)
-        if not workflow.patched(SERIAL_RECORDS):
-            await self._record(said, spec, summary, release_finalizer, serial=False, identity=identity)
-            return
+        workflow.deprecate_patch(Patch.SERIAL_RECORDS)
         if self._recording is None:
             self._recording = asyncio.Lock()
         async with self._recording:
-            await self._record(said, spec, summary, release_finalizer, serial=True, identity=identity)
+            await self._record(said, spec, summary, release_finalizer, identity)
 
     async def _record(
         self,
@@ -209,9 +198,7 @@ class ClaimRuntime(SlotVerbs):
         spec: dict[str, Any] | None,
         summary: str,
         release_finalizer: bool,
-        *,
-        serial: bool,
-        identity: c.ClaimIdentity | None = None,
+        identity: c.ClaimIdentity | None,
     ) -> None:
         s = self.s
         if s.resource_gone:
@@ -231,7 +218,7 @@ class ClaimRuntime(SlotVerbs):
                     warning=said.warning,
                     release_finalizer=release_finalizer,
                     revision=s.revision,
-                    above_held=serial,
+                    above_held=True,
                     last_words_of=said.last_words_of,
                     event_fact=said.fact,
                     identity=identity,
@@ -241,7 +228,7 @@ class ClaimRuntime(SlotVerbs):
         except Broken as err:
             workflow.logger.error("claim %s: its status could not be recorded: %s", seed.name, err.message)
             return
-        if serial and isinstance(landed, int) and landed > s.revision:
+        if isinstance(landed, int) and landed > s.revision:
             s.revision = landed  # another run's revision was on the resource: this one went above it
         if release_finalizer:
             s.finalizer = False
@@ -268,9 +255,7 @@ class ClaimRuntime(SlotVerbs):
         if self.s.seed.refused_reason:
             return  # no group takes this claim: it is not one of any group's
         digest = self.s.digest(workflow_done=final)
-        if not workflow.patched(TELL_BESIDE):
-            await self._tell(digest)
-            return
+        workflow.deprecate_patch(Patch.TELL_BESIDE)
         self._telling = asyncio.create_task(self._tell(digest, after=self._telling))
 
     async def _tell(self, digest: c.ClaimDigest, after: asyncio.Task[None] | None = None) -> None:

@@ -1,7 +1,5 @@
-"""The claim's whole state in one dataclass: what the workflow decides from, carried across continue-as-new.
-
-Its fields are a superset of generation 2's (`workflows.legacy.v2.claim_state`): a ready claim of that
-generation continues as new into this one with its state intact.
+"""The claim's whole state in one dataclass: what the workflow decides from, carried across continue-as-new (a field
+a continued run no longer knows is left out, one it does not find takes its default).
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ from api.contracts import (
 from api.names import OWNED_CLAIM_STATUS, ClaimPhase, ClaimReason, ConditionType, JobType
 from domain import law
 from workflows.shutdown import ShutdownBook
-
-GENERATION = 3
 
 # Reasons whose claim hands its machine over instead of ending its episode: the newer claim owns it, or no slot
 # is left to act through.
@@ -64,14 +60,12 @@ class ClaimState:
     finalizer: bool = False
     continued: int = 0
     liveness_reads: int = 0
-    # Generation 3.
     powered: bool = False  # our startup Job succeeded, or the claim took a machine already on
     was_seen_on: bool = False  # the machine has been observed on since it was powered
     mark_phase: str = ""  # the phase the claim was in when the mark arrived (a cancel, or a reversal)
     revision: int = 0  # projections made: each carries its number, so a late one never lands over a newer one
-    # Generation 8: the Job whose failure failed the claim (its Pod's words are on the resource, not here).
-    failed_job: str = ""
-    # Generation 10: when the startup Job started, for one a lost run made (its budget counts from there).
+    failed_job: str = ""  # the Job whose failure failed the claim (its Pod's words are on the resource, not here)
+    # When the startup Job started, for one a lost run made (its budget counts from there).
     startup_started_at: datetime | None = None
 
     @classmethod
@@ -190,7 +184,6 @@ class ClaimState:
             finished_at=self.finished_at,
             machine_off=not self.maybe_on,
             workflow_done=workflow_done,
-            generation=GENERATION,
             ttl_seconds=s.ttl_seconds,
             hand_over=self.hands_over,
             powered=self.maybe_on and not self.power_on,

@@ -1,8 +1,8 @@
-"""NodeClaimWorkflow: the registered workflow, and the choice of generation each run makes once.
+"""NodeClaimWorkflow: the registered workflow, a thin shell around `workflows.claim.claim.Claim`.
 
-The claim itself is `workflows.claim.claim.Claim`; a run started by an earlier release replays through the
-frozen `workflows.legacy` generation instead. Every handler is handed to the generation the run chose, so the
-handler names and argument types here are the workflow's public interface (docs/upgrades.md: never rename one).
+The sandbox imports this module afresh for every workflow it starts, while the claim's code passes through it
+(homelab_autoscaler.temporal.PASSTHROUGH), so the shell stays small. Its handler names and argument types are the
+workflow's public interface (docs/upgrades.md: never rename one).
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ from temporalio import workflow
 from api import contracts as c
 from workflows.claim.claim import Claim
 from workflows.claim.state import ClaimState
-from workflows.legacy.v2.claim_state import ClaimState as LegacyClaimState
-from workflows.legacy.v2.claim_workflow import LegacyClaim
-
-# The marker of the current generation: a run whose history lacks it is a generation-2 run.
-GENERATION_3 = "claim-generation-3"
+from workflows.patches import Patch
 
 
 def carried_state(kind: type[Any], carried: dict[str, Any] | None) -> Any:
-    """The state a continued run carries, as the class of the generation that reads it."""
+    """The state a continued run carries (a field it no longer knows is left out)."""
     return None if carried is None else TypeAdapter(kind).validate_python(carried)
 
 
@@ -31,15 +27,12 @@ def carried_state(kind: type[Any], carried: dict[str, Any] | None) -> Any:
 class NodeClaimWorkflow:
     @workflow.init
     def __init__(self, seed: c.ClaimSeed, carried: dict[str, Any] | None = None) -> None:
-        self.impl: Claim | LegacyClaim
-        if workflow.patched(GENERATION_3):
-            self.impl = Claim(seed, carried_state(ClaimState, carried))
-        else:
-            self.impl = LegacyClaim(seed, carried_state(LegacyClaimState, carried))
+        workflow.deprecate_patch(Patch.CLAIM_GENERATION_3)  # 0.2's runs chose their generation here
+        self.impl = Claim(seed, carried_state(ClaimState, carried))
 
     @workflow.run
     async def run(self, seed: c.ClaimSeed, carried: dict[str, Any] | None = None) -> c.ClaimDigest:
-        return await self.impl.run(seed, self.impl.s if carried is not None else None)  # type: ignore[arg-type]
+        return await self.impl.run(seed, self.impl.s if carried is not None else None)
 
     @workflow.signal(name=c.ClaimSignal.OBSERVE)
     def observe(self, observation: c.Observation) -> None:
@@ -63,8 +56,7 @@ class NodeClaimWorkflow:
 
     @workflow.signal(name=c.ClaimSignal.STATUS_EDITED)
     async def status_edited(self, edit: c.StatusEdit) -> None:
-        if isinstance(self.impl, Claim):  # a generation-2 run projects unnumbered: its edits cannot be told
-            await self.impl.status_edited(edit)
+        await self.impl.status_edited(edit)
 
     @workflow.update  # async: the method's name is its wire name (see tests/test_boundary.py)
     async def reset_shutdown_streak(self) -> int:

@@ -1,4 +1,4 @@
-"""The group, generation 3: the single authority on a group's size, and the router of what its slots show.
+"""The group: the single authority on a group's size, and the router of what its slots show.
 
 cluster-autoscaler's writes arrive as Updates with validators (a refused call records nothing), its reads as
 Queries, so what it reads right after a write is exactly what it wrote. A size change is decided and booked in
@@ -32,6 +32,7 @@ from workflows.claim.workflow import NodeClaimWorkflow
 from workflows.group.choice import choose, unclaimable
 from workflows.group.state import GroupState, Outgoing, SlotBook, new_slot
 from workflows.handles import NOT_RUNNING, signal_outcome
+from workflows.patches import Patch
 from workflows.release import ReleaseWorkflow
 from workflows.verbs import CallFailed, Verbs, run_activity
 
@@ -44,21 +45,6 @@ HOUSEKEEPING_RETRY = RetryPolicy(
 )  # fmt: skip
 
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)
-# An owner's end (a claim's final report, a release's) brings its last view of the machine, and a release whose
-# previous run is still closing is started again later: an "on" sent to an ending owner is never lost.
-OWNER_END_RECHECK = "owner-end-rechecks-power"
-# A reload that read a claim's resource before its workflow's last writes never takes that claim over again.
-ENDED_NOT_TAKEN_OVER = "ended-claims-not-taken-over"
-# A taken-over claim outranked at once by a newer live claim on its slot is started and superseded (was: dropped as
-# never started, its resource left pending with no workflow; at maxSize the group's task failed on a KeyError).
-TAKEN_OVER_SUPERSEDED = "taken-over-claims-superseded"
-# A live claim whose workflow is found not running when the group signals it (terminated by hand, or lost with
-# Temporal's state while the group's own run survived) is forgotten, and the reload takes it over from its resource.
-LOST_CLAIMS_TAKEN_OVER = "lost-claims-taken-over"
-# A failed claim's errored instance counts in the target until cluster-autoscaler deletes it (found against the
-# real cluster-autoscaler: a failure that left the target at once ended the scale-up as a success, so the group was
-# never backed off and its failing slot was asked again every loop).
-ERRORED_IN_TARGET = "target-counts-errored-instances"
 
 
 def _outcome_heard(done: asyncio.Future[Any]) -> None:
@@ -90,7 +76,8 @@ class Group(Verbs):
 
     async def run(self, ref: c.GroupRef, carried: GroupState | None = None) -> None:
         s = self.s
-        s.errored_in_target = workflow.patched(ERRORED_IN_TARGET)
+        workflow.deprecate_patch(Patch.ERRORED_IN_TARGET)  # a failed claim's instance counts in the target
+        s.errored_never_back = workflow.patched(Patch.ERRORED_INSTANCE_NEVER_COMES_BACK)
         s.updates = 0
         workflow.upsert_search_attributes([KEY_GROUP.value_set(ref.group)])
         self.last_reload = self.now()
@@ -184,14 +171,14 @@ class Group(Verbs):
         for name, book in s.slots.items():
             if name not in seen and book.exists:
                 book.exists = False
-                for claim in {book.live_claim, book.draining_claim} - {""}:
-                    s.send(c.claim_workflow_id(s.namespace, claim), c.ClaimSignal.SLOT_DELETED)
+                if book.live_claim:
+                    s.send(c.claim_workflow_id(s.namespace, book.live_claim), c.ClaimSignal.SLOT_DELETED)
         for cv in view.claims:
             if cv.name not in s.claims and cv.slot in s.slots:
                 self.take_over(cv)
         s.loaded = True
         for book in s.slots.values():
-            if book.exists and not book.live_claim and not book.draining_claim:
+            if book.exists and not book.live_claim:
                 s.inbox.append(c.SlotObservation(book.name, book.observation))
 
     def take_over(self, cv: c.ClaimView) -> None:
@@ -202,8 +189,9 @@ class Group(Verbs):
         book = s.slots[cv.slot]
         if cv.name in s.collect:
             return  # it ended here already; its resource may still show the phase before its last projection
-        if cv.name in s.ended and workflow.patched(ENDED_NOT_TAKEN_OVER):
-            return  # its workflow has ended; the read predates its last writes (a cancel's delete, a finalizer)
+        if cv.name in s.ended:  # its workflow has ended; the read predates its last writes (a cancel's delete, ...)
+            workflow.deprecate_patch(Patch.ENDED_NOT_TAKEN_OVER)
+            return
         if law.is_terminal(cv.phase):
             ended = cv.finished_at or cv.requested_at or self.now()
             s.collect[cv.name] = ended + timedelta(seconds=cv.ttl_seconds)
@@ -232,18 +220,16 @@ class Group(Verbs):
             record=cv.record,
         )
         s.book_claim(seed)
-        if seed.name not in s.claims:  # a newer live claim holds its slot: booking dropped it as never started
-            if workflow.patched(TAKEN_OVER_SUPERSEDED):
-                s.start_superseded(seed)
+        if seed.name not in s.claims:
+            # A newer live claim holds its slot, so booking dropped it as never started: its resource exists, so it
+            # is started and superseded (its workflow ends it), never left pending with no workflow behind it.
+            workflow.deprecate_patch(Patch.TAKEN_OVER_SUPERSEDED)
+            s.start_superseded(seed)
             return
-        if (
-            cv.phase in ("", ClaimPhase.PENDING)
-            and not seed.marked_reason
-            and s.target_size() > s.max_size
-            and workflow.patched("hand-claims-within-max-size")
-        ):
+        if cv.phase in ("", ClaimPhase.PENDING) and not seed.marked_reason and s.target_size() > s.max_size:
             # A hand-applied claim the group has no room for (maxSize reached) is cancelled before it buys a
             # machine, as a DecreaseTargetSize would: the target never passes maxSize.
+            workflow.deprecate_patch(Patch.HAND_CLAIMS_WITHIN_MAX_SIZE)
             s.mark(s.claims[seed.name], ClaimReason.MAX_SIZE_REACHED)
 
     # --- claims ------------------------------------------------------------------------------------------
@@ -309,20 +295,19 @@ class Group(Verbs):
                 static_summary=f"release slot {book.name} of group {self.s.name}: {why}",
             )
         except WorkflowAlreadyStartedError:
-            if workflow.patched(OWNER_END_RECHECK):
-                book.release_refused(seed, self.now())
-                workflow.logger.info(
-                    "a release of slot %s still runs: starting again at %s", book.name, book.release_after
-                )
-            else:
-                workflow.logger.info("a release of slot %s already runs", book.name)
+            # The slot's previous release is still closing (or a lost run's still runs): this one starts again later.
+            workflow.deprecate_patch(Patch.OWNER_END_RECHECK)
+            book.release_refused(seed, self.now())
+            workflow.logger.info("a release of slot %s still runs: starting again at %s", book.name, book.release_after)
             return
         book.release_started()
         handle.add_done_callback(_outcome_heard)
 
     async def _signal(self, out: Outgoing) -> None:
-        outcome = await signal_outcome(out.workflow_id, out.signal, out.arg)
-        if outcome == NOT_RUNNING and workflow.patched(LOST_CLAIMS_TAKEN_OVER):
+        if await signal_outcome(out.workflow_id, out.signal, out.arg) == NOT_RUNNING:
+            # A live claim whose workflow does not run (terminated by hand, or lost with Temporal's state while this
+            # run survived) is forgotten, and the reload takes it over from its resource.
+            workflow.deprecate_patch(Patch.LOST_CLAIMS_TAKEN_OVER)
             self.s.claim_lost(out.workflow_id)
 
     # --- what the slots show -----------------------------------------------------------------------------
@@ -334,7 +319,7 @@ class Group(Verbs):
             return
         if not obs.observation.older_than(book.observation):
             book.observation = obs.observation
-        owner = book.live_claim or book.draining_claim
+        owner = book.live_claim
         if owner:
             if not any(seed.name == owner for seed in s.to_start):  # a booked claim starts with what the book saw
                 s.send(c.claim_workflow_id(s.namespace, owner), c.ClaimSignal.OBSERVE, book.observation)
@@ -402,7 +387,9 @@ class Group(Verbs):
     # --- signals -----------------------------------------------------------------------------------------
     def claim_changed(self, digest: c.ClaimDigest) -> None:
         final = digest.workflow_done and digest.observation is not None
-        self.s.remember(digest, recheck_power=final and workflow.patched(OWNER_END_RECHECK))
+        if final:  # a claim's final report brings its last view of the machine: an "on" sent meanwhile is not lost
+            workflow.deprecate_patch(Patch.OWNER_END_RECHECK)
+        self.s.remember(digest)
         if digest.workflow_done:
             self.s.ended[digest.name] = self.now()
         metrics.group_claims(self.s.namespace, self.s.name, self.s.phase_counts())  # a move wakes no loop pass
@@ -415,19 +402,18 @@ class Group(Verbs):
         self.s.reload_requested = True
 
     def release_finished(self, done: c.SlotReleased) -> None:
-        """A release ended; one that could not power the machine off is tried again at the next reload."""
+        """A release ended; one that could not power the machine off is tried again at the next reload. Its last view
+        of the machine comes with it: a machine the group heard on since is looked at again (law 3)."""
         book = self.s.slots.get(done.slot)
         if book is None:
             return
-        if done.observation is not None and workflow.patched(OWNER_END_RECHECK):
-            if book.release is not None:  # a restart waits for the run that has just ended: it may start now
-                book.release_after = None
-                return
-            book.releasing = False
-            if book.heard_on_after(done.observation) and not (book.live_claim or book.draining_claim):
-                self.s.inbox.append(c.SlotObservation(book.name, book.observation))
+        workflow.deprecate_patch(Patch.OWNER_END_RECHECK)
+        if book.release is not None:  # a restart waits for the run that has just ended: it may start now
+            book.release_after = None
             return
         book.releasing = False
+        if book.heard_on_after(done.observation) and not book.live_claim:
+            self.s.inbox.append(c.SlotObservation(book.name, book.observation))
 
     # --- cluster-autoscaler's writes ---------------------------------------------------------------------
     async def _loaded(self) -> None:
@@ -478,7 +464,7 @@ class Group(Verbs):
             self._check_decrease(delta)
             # An errored instance is the least fulfilled request there is: it is forgotten before a pending claim is
             # cancelled (only where it counts in the target).
-            errored = s.listed_failures() if s.errored_in_target else []
+            errored = s.listed_failures()
             forgotten = {f.name for f in errored[:-delta]}
             s.failures = [f for f in s.failures if f.name not in forgotten]
             for d in s.pending()[: -delta - len(forgotten)]:
@@ -495,7 +481,7 @@ class Group(Verbs):
     def _check_decrease(self, delta: int) -> None:
         s = self.s
         pending = len(s.pending())
-        errored = len(s.listed_failures()) if s.errored_in_target else 0
+        errored = len(s.listed_failures())
         if -delta > pending + errored:
             failed = f" and {errored} failed instances" if errored else ""
             raise _refuse(
@@ -572,7 +558,6 @@ class Group(Verbs):
                     "providerID": b.provider_id,
                     "power": b.observation.power,
                     "liveClaim": b.live_claim or None,
-                    "drainingClaim": b.draining_claim or None,
                     "releasing": b.releasing,
                     "exists": b.exists,
                     "activations24h": b.activations,

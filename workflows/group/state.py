@@ -1,8 +1,7 @@
 """The group's whole state: its bounds, its slots, the claims whose workflows still run, and its outboxes.
 
 The group is the single authority on its size: target size is a count over `claims`, computed, never stored.
-Its fields are a superset of generation 2's (`workflows.legacy.v2.group_state`), so a group of that generation
-continues as new into this one with its state intact.
+It is carried across continue-as-new (a field a continued run no longer knows is left out).
 
 Bookkeeping is synchronous: an Update decides and books its claims (and the signals it owes) here without
 awaiting anything; the run loop then starts the booked claims and sends the booked signals. That makes every
@@ -87,10 +86,8 @@ class SlotBook:
     activations: int = 0
     exists: bool = True
     live_claim: str = ""
-    draining_claim: str = ""  # a generation-2 claim that ended with its machine on and drains it itself
     releasing: bool = False
     last_outcome: c.ClaimDigest | None = None
-    # Generation 3.
     problem: str = ""  # the slot's spec cannot power its machine: no claim is placed on it
     attempts_reset_at: datetime | None = None
     release: c.ReleaseSeed | None = None  # a release booked, not yet started
@@ -99,12 +96,12 @@ class SlotBook:
 
     @property
     def ever_claimed(self) -> bool:
-        return self.last_outcome is not None or bool(self.live_claim or self.draining_claim)
+        return self.last_outcome is not None or bool(self.live_claim)
 
     @property
     def free(self) -> bool:
-        """No claim, no drain, no release: the slot can take a new claim."""
-        return self.exists and not (self.live_claim or self.draining_claim or self.releasing)
+        """No claim, no release: the slot can take a new claim."""
+        return self.exists and not (self.live_claim or self.releasing)
 
     def claimability(self) -> claims.Claimability:
         """Whether a claim placed here could boot (its spec is usable, its next attempt within the limit)."""
@@ -152,7 +149,6 @@ def _booked(seed: c.ClaimSeed) -> c.ClaimDigest:
         marked=bool(seed.marked_reason),
         requested_at=seed.requested_at,
         deadline_at=seed.deadline_at,
-        generation=3,
         ttl_seconds=seed.ttl_seconds,
     )
 
@@ -174,13 +170,16 @@ class GroupState:
     slots: dict[str, SlotBook] = field(default_factory=dict)
     claims: dict[str, c.ClaimDigest] = field(default_factory=dict)
     failures: list[c.ClaimDigest] = field(default_factory=list)
+    # Since 0.4.0 (Patch.ERRORED_INSTANCE_NEVER_COMES_BACK, set by each run): a listed failure stays listed while its
+    # machine is released (hidden during the release, it came back when the release ended, past maxSize: the soak
+    # found target 5 of max 4), and a live claim on its slot replaces it for good (it came back when that claim ended).
+    errored_never_back: bool = False
     template: dict[str, Any] | None = None
     inbox: list[c.SlotObservation] = field(default_factory=list)
     reload_requested: bool = False
     updates: int = 0
     updates_per_run: int = 1000  # well below Temporal's 2000 Updates per run: a burst never meets the limit
     claim_counter: int = 0
-    # Generation 3.
     problem: str = ""  # the Group's spec cannot be used: no claim is placed until it is fixed
     to_start: list[c.ClaimSeed] = field(default_factory=list)
     outbox: list[Outgoing] = field(default_factory=list)
@@ -189,9 +188,6 @@ class GroupState:
     # Claims whose workflow sent its final report, and when: a reload read before that may still list the
     # resource (not yet projected, collected or let go), and such a claim is never taken over again.
     ended: dict[str, datetime] = field(default_factory=dict)
-    # Set by each run behind the patch `target-counts-errored-instances`: an instance listed with its error counts
-    # in the target until cluster-autoscaler deletes it (DeleteNodes) or decreases the target past it.
-    errored_in_target: bool = False
 
     # --- derived -----------------------------------------------------------------------------------------
     def target_size(self) -> int:
@@ -203,17 +199,21 @@ class GroupState:
         cloud's failed VM, until cluster-autoscaler deletes it.
         """
         live = sum(1 for d in self.claims.values() if law.is_live(d.phase) and not d.marked)
-        return live + (len(self.listed_failures()) if self.errored_in_target else 0)
+        return live + len(self.listed_failures())
 
     def listed_failures(self) -> list[c.ClaimDigest]:
-        """The failed claims listed as errored instances: remembered, on a slot that exists and has no live claim,
-        drain or release (a deleted slot is no instance: cluster-autoscaler could not delete it)."""
+        """The failed claims listed as errored instances: remembered, on a slot that exists and has no live claim
+        or release (a deleted slot is no instance: cluster-autoscaler could not delete it). Each counts in the target
+        until cluster-autoscaler deletes it (DeleteNodes) or decreases the target past it."""
         latest = {f.slot: f for f in self.failures}  # a slot's newest failure is the one listed
         out: list[c.ClaimDigest] = []
         for name, f in sorted(latest.items()):
             slot = self.slots.get(name)
-            if slot is not None and slot.exists and not (slot.live_claim or slot.draining_claim or slot.releasing):
-                out.append(f)
+            if slot is None or not slot.exists or slot.live_claim:
+                continue
+            if slot.releasing and not self.errored_never_back:
+                continue
+            out.append(f)
         return out
 
     def phase_counts(self) -> dict[str, int]:
@@ -273,11 +273,11 @@ class GroupState:
             c.claim_workflow_id(self.namespace, digest.name), c.ClaimSignal.MARK_FOR_DELETION, c.MarkRequest(reason)
         )
 
-    def remember(self, digest: c.ClaimDigest, *, recheck_power: bool = False) -> None:
+    def remember(self, digest: c.ClaimDigest) -> None:
         """Fold a claim's report into the slot books (the claim workflow is the authority on its phase).
 
-        With `recheck_power`, a claim's final report also brings its last view of the machine: the newer of it and
-        the group's is kept, and a machine the group saw on after the claim last looked is released by law 3.
+        A claim's final report also brings its last view of the machine: the newer of it and the group's is kept,
+        and a machine the group saw on after the claim last looked is released by law 3.
         """
         slot = self.slots.get(digest.slot)
         held = self.claims.get(digest.name)
@@ -287,7 +287,7 @@ class GroupState:
             return  # superseded here already: a report it sent before it heard so changes nothing
         if digest.workflow_done:
             self.claims.pop(digest.name, None)
-            if digest.generation >= 3 and not digest.collected:
+            if not digest.collected:
                 ended = digest.finished_at or digest.requested_at or EPOCH
                 self.collect[digest.name] = ended + timedelta(seconds=digest.ttl_seconds)
         else:
@@ -301,20 +301,19 @@ class GroupState:
         if law.is_live(digest.phase) and not digest.workflow_done:
             if not slot.live_claim or slot.live_claim == digest.name or self._newer(digest, slot.live_claim):
                 slot.live_claim = digest.name
+            if self.errored_never_back:  # a live claim on the slot replaces its errored instance for good
+                self.failures = [f for f in self.failures if f.slot != slot.name or f.name == digest.name]
             self.supersede_older(slot.name)
             return
         if slot.live_claim == digest.name:
             slot.live_claim = ""
         slot.record_outcome(digest)
-        if digest.generation < 3:  # a generation-2 claim drains its own machine, then reports done
-            if not digest.machine_off and not digest.workflow_done:
-                slot.draining_claim = digest.name
-            elif slot.draining_claim == digest.name:
-                slot.draining_claim = ""
-        elif digest.workflow_done and not digest.hand_over and (not digest.machine_off or digest.startup_job):
+        if not digest.workflow_done or digest.hand_over:
+            return
+        if not digest.machine_off or digest.startup_job:
             self.book_release(slot, digest)
-        elif recheck_power and digest.workflow_done and not digest.hand_over:
-            if slot.heard_on_after(digest.observation) and not (slot.live_claim or slot.draining_claim):
+        elif digest.observation is not None:  # the final report: its last view of the machine
+            if slot.heard_on_after(digest.observation) and not slot.live_claim:
                 self.book_release(slot)
             elif digest.observation is not None:
                 slot.observation = digest.observation.replacing(slot.observation)[0]
@@ -377,7 +376,7 @@ class GroupState:
         self.ended = {name: at for name, at in self.ended.items() if now - at < TIMINGS.reload_interval}
 
     def instances(self) -> list[c.Instance]:
-        """Every slot with a live claim, a drain, a release or a machine on, as cluster-autoscaler sees it."""
+        """Every slot with a live claim, a release or a machine on, as cluster-autoscaler sees it."""
         out: list[c.Instance] = []
         failed = {f.slot: f for f in self.listed_failures()}
         for slot in sorted(self.slots.values(), key=lambda s: s.name):
@@ -385,8 +384,8 @@ class GroupState:
             if claim is not None:
                 state = "deleting" if claim.marked else ("running" if claim.phase == ClaimPhase.READY else "creating")
                 out.append(c.Instance(slot.provider_id, slot.name, claim.name, state))
-            elif slot.draining_claim or slot.releasing:
-                out.append(c.Instance(slot.provider_id, slot.name, slot.draining_claim, "deleting"))
+            elif slot.releasing and slot.name not in failed:
+                out.append(c.Instance(slot.provider_id, slot.name, "", "deleting"))
             elif slot.name in failed:
                 f = failed[slot.name]
                 code, error_class = error_of(f.reason)

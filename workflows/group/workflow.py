@@ -1,8 +1,8 @@
-"""GroupWorkflow: the registered workflow, and the choice of generation each run makes once.
+"""GroupWorkflow: the registered workflow, a thin shell around `workflows.group.group.Group`.
 
-The group itself is `workflows.group.group.Group`; a run started by an earlier release replays through the
-frozen `workflows.legacy` generation. Handler names and argument types here are the workflow's public
-interface: the provider, the watchers and the claims call them by these names.
+The sandbox imports this module afresh for every workflow it starts, while the group's code passes through it.
+Handler names and argument types here are the workflow's public interface: the provider, the watchers and the
+claims call them by these names.
 """
 
 from __future__ import annotations
@@ -17,26 +17,19 @@ from api import contracts as c
 from workflows.claim.workflow import carried_state
 from workflows.group.group import Group
 from workflows.group.state import GroupState
-from workflows.legacy.v2.group_state import GroupState as LegacyGroupState
-from workflows.legacy.v2.group_workflow import LegacyGroup
-
-# The marker of the current generation: a run whose history lacks it is a generation-2 run.
-GENERATION_3 = "group-generation-3"
+from workflows.patches import Patch
 
 
 @workflow.defn(name=c.WorkflowName.GROUP)
 class GroupWorkflow:
     @workflow.init
     def __init__(self, ref: c.GroupRef, carried: dict[str, Any] | None = None) -> None:
-        self.impl: Group | LegacyGroup
-        if workflow.patched(GENERATION_3):
-            self.impl = Group(ref, carried_state(GroupState, carried))
-        else:
-            self.impl = LegacyGroup(ref, carried_state(LegacyGroupState, carried))
+        workflow.deprecate_patch(Patch.GROUP_GENERATION_3)  # 0.2's runs chose their generation here
+        self.impl = Group(ref, carried_state(GroupState, carried))
 
     @workflow.run
     async def run(self, ref: c.GroupRef, carried: dict[str, Any] | None = None) -> None:
-        await self.impl.run(ref, self.impl.s if carried is not None else None)  # type: ignore[arg-type]
+        await self.impl.run(ref, self.impl.s if carried is not None else None)
 
     # --- signals -----------------------------------------------------------------------------------------
     @workflow.signal(name=c.GroupSignal.CLAIM_CHANGED)
@@ -84,7 +77,7 @@ class GroupWorkflow:
     async def wait_loaded(self, within_seconds: float) -> bool:
         """The provider's first call waits here for the group to have read its resources, instead of polling a
         Query: True once loaded, False when `within_seconds` passed first (bounded, so a continue-as-new that
-        waits for all handlers never waits long). Either generation keeps `loaded` in its state.
+        waits for all handlers never waits long).
         """
         state = self.impl.s
         state.updates += 1  # every accepted Update counts against the run's limit
