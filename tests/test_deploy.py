@@ -562,7 +562,7 @@ def _script(path: str, field: str) -> tuple[list[str], dict[str, Any]]:
 
 def _run_wake_on_lan(*args: str) -> subprocess.CompletedProcess[str]:
     command, _ = _script("wake-on-lan.yaml", "startupPodSpec")
-    assert command[:2] == ["python", "-c"]
+    assert command[:2] == ["python3", "-c"], "Debian's python3-minimal, in images/wake-on-lan.Containerfile"
     return subprocess.run(
         [sys.executable, "-c", command[2], *args], capture_output=True, text=True, timeout=30, check=False
     )
@@ -597,13 +597,13 @@ def test_the_wake_on_lan_script_fails_when_it_cannot_send(args: tuple[str, ...],
 
 
 def _stub_tools(bin_dir: Path, calls: Path) -> None:
-    """apk, install, ssh, ping, sleep and curl as stubs: each logs its arguments; ssh and ping answer as told."""
+    """install, ssh, ping, sleep and curl as stubs: each logs its arguments; ssh and ping answer as told."""
     behaviour = {
         "ssh": 'case "$*" in *" true") exit "$SSH_LOGIN";; *poweroff*) exit "$SSH_POWEROFF";; esac',
         "ping": 'exit "$PING"',
     }
     bin_dir.mkdir()
-    for tool in ("apk", "install", "ssh", "ping", "sleep", "curl"):
+    for tool in ("install", "ssh", "ping", "sleep", "curl"):
         stub = bin_dir / tool
         stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n{behaviour.get(tool, "exit 0")}\n')
         stub.chmod(0o755)

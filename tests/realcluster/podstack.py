@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from kubernetes import client as k8s
@@ -28,7 +28,10 @@ from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binar
 from tests.realcluster.executor import Executor, Machine
 from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit, resolve_commit
 from tests.realcluster.machineroom import MachineRoom
-from tests.realcluster.node import CONTROL_PLANE_LABEL, Doors, RealNode, node_bin_dir, require_node
+from tests.realcluster.node import CONTROL_PLANE_LABEL, POD_CIDR, Doors, RealNode, node_bin_dir, require_node
+
+if TYPE_CHECKING:
+    from tests.machineroom.net import Host, Lan
 
 NS = "homelab-autoscaler-system"
 PREVIOUS = "homelab-autoscaler-previous"
@@ -220,6 +223,12 @@ class PodStack:
         if done.returncode != 0:
             raise AssertionError(f"skopeo copy of {archive} to {ref} failed ({done.returncode}): {done.stderr[-2000:]}")
         return ref
+
+    def join_lan(self, lan: Lan, name: str = "k8s-node") -> Host:
+        """The real node joins a machine room's LAN (issue 31's, tests/machineroom): an interface on it in the node's
+        namespace, hostNetwork Pods broadcast there, the pod network is masqueraded onto it. Its address is on the
+        returned host; the node's namespace still routes nowhere else."""
+        return lan.join(name, self.node.layout.netns, masquerade=POD_CIDR)
 
     def start_machine_room(self, machines: dict[str, Machine]) -> MachineRoom:
         """The machine room on the loopback (its port was the node's door since the start)."""
