@@ -5,12 +5,22 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The dependencies alone, read from pyproject.toml: the layer that installs them is rebuilt only when they change,
+# not when the code or another line of pyproject.toml does.
+FROM ${PYTHON_IMAGE} AS requirements
+WORKDIR /src
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+print("\n".join(project["dependencies"]))' > requirements.txt
+
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # Dependencies first, so a source change does not reinstall them.
+COPY --from=requirements /src/requirements.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt
 COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY workflows/ workflows/
@@ -22,7 +32,7 @@ COPY proto/ proto/
 COPY kube/ kube/
 COPY domain/ domain/
 COPY homelab_autoscaler/ homelab_autoscaler/
-RUN pip install . && homelab-autoscaler --help >/dev/null && temporal --version
+RUN pip install --no-deps . && pip check && homelab-autoscaler --help >/dev/null && temporal --version
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="homelab-autoscaler" \

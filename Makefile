@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real cluster-bins soak chaos bench bytecode clean
+.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -134,6 +134,32 @@ cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-
 e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~6 min)
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
+
+# The power examples against real BMCs (issue 31; root, network namespaces, runc): tests/machineroom/setup.sh installs
+# Debian's ipmi_sim, runc, buildah and mmdebstrap and sushy-tools in a Python of its own; images.sh builds the examples'
+# images from deploy/examples/power/images (cached by content; ~5 min cold); the run prints a table with each
+# method's time. Two sides: the script side (test_power.py) runs each example's container under runc in the machine
+# room; the claim side (test_claims_real.py) applies each example's slot to the product on the real node of
+# `make e2e-pods` (so it needs that tier's binaries and packages), joined to the room's LAN. docs/power-methods.md.
+power-images: ## build (or reuse) the power examples' images and the machine room's OS image
+	tests/machineroom/setup.sh >/dev/null
+	tests/machineroom/images.sh
+
+e2e-power: $(STAMP) power-images cluster-bins node-bins ## every power example against its real protocol: scripts and claims
+	tests/realcluster/node-packages.sh
+	HOMELAB_E2E_POWER=1 $(BIN)/pytest -m machineroom tests/machineroom -v -s -rs -p no:cacheprovider
+
+# The real node (kubelet, kube-proxy, CoreDNS, local-path-provisioner, the Pod sandbox), built from Go modules into the
+# same cache, keyed by tests/realcluster/versions.env.
+node-bins: ## build (or reuse) the real node's programs from the Go module proxy
+	tests/realcluster/build-node.sh
+
+# The product as a user installs it, on a real node (root; Debian's containerd, runc, CNI plugins, buildah...; the
+# packages are installed when missing): images built from the Dockerfile, deploy/ applied by docs/install.md's commands,
+# the story through real Pods. docs/realcluster.md, "The real node".
+e2e-pods: $(STAMP) cluster-bins node-bins ## the product's images and deploy/ on a real kubelet (root, ~15 min warm)
+	tests/realcluster/node-packages.sh
+	HOMELAB_E2E_PODS=1 $(BIN)/pytest -m realpods tests/realcluster -v -s -rs -p no:cacheprovider
 
 run: $(RUN_STAMP) ## the operator, an embedded Temporal server and the simulated homelab, with the demo
 	$(BIN)/homelab-autoscaler dev --simulate --demo

@@ -524,6 +524,11 @@ class Instance:
     error_message: str = ""
 
 
+def mid_boot(instances: list[Instance], slot: str) -> bool:
+    """Whether `slot` is booting among a group's instances: creating, and not a failed claim's errored instance."""
+    return any(i.slot == slot and i.state == "creating" and not i.error_code for i in instances)
+
+
 class Act:
     """Activity names: workflows call activities by name, so no Kubernetes code is imported into a workflow."""
 

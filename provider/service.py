@@ -257,9 +257,30 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
             # cancels it itself; cluster-autoscaler still removes errored instances through DeleteNodes.
             return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
         found = await self.slot_of_node(node)
-        if found is None:
+        if found is None or await self.mid_boot(*found, context):
             return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
         return pb.NodeGroupForNodeResponse(nodeGroup=self.node_group(found[0]))
+
+    async def mid_boot(self, group: GroupInfo, slot: SlotInfo, context: grpc.aio.ServicerContext) -> bool:
+        """Whether the slot's machine is mid-boot (its claim not ready yet): its Node is then no group's.
+
+        cluster-autoscaler 1.35's externalgrpc provider has no field for MaxNodeStartupTime, so a group whose
+        options it reads starts up in 0 s (kubernetes/autoscaler#10245): a Node registered but not yet Ready
+        counts as unready at once, the scale-up that asked for it as done, and a Pod still waiting for that machine
+        as needing another one (seen: a second machine booted for one Pod). Left out of the group until its claim
+        is ready, the Node stays what its instance says (creating, upcoming), and the scale-up lasts until the
+        machine is ready, as the group's maxNodeProvisionTime means. When the group workflow cannot be asked, the
+        Node is the group's, as it was before."""
+        budget = self.budget(context) / 2  # the other half answers from the catalog, as before
+        try:
+            async with asyncio.timeout(budget):
+                instances = await self.groups.instances(self.ref(group), budget)
+        except (e.ProviderError, TimeoutError) as err:
+            why = err.message if isinstance(err, e.ProviderError) else f"no answer within {budget:.2f} s"
+            log.info("NodeGroupForNode: whether slot %s is mid-boot is unknown (%s): its node counts as group %s's",
+                     slot.name, why, group.name)  # fmt: skip
+            return False
+        return c.mid_boot(instances, slot.name)
 
     @_call("pricing the node")
     async def PricingNodePrice(self, request: pb.PricingNodePriceRequest, context: Any) -> pb.PricingNodePriceResponse:

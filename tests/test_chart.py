@@ -268,7 +268,9 @@ def test_the_values_users_change_reach_every_pod(split: bool) -> None:
         else:
             env = _env(c)
             assert env["HOMELAB_AUTOSCALER_LOG_LEVEL"] == "DEBUG" and env["HOMELAB_AUTOSCALER_LOG_FORMAT"] == "json"
-            assert doc["spec"]["template"]["metadata"]["annotations"] == {"a.b/c": "d"}
+            # Helm merges maps: a user's annotations join the default that keeps cluster-autoscaler from evicting it.
+            assert doc["spec"]["template"]["metadata"]["annotations"] == {
+                "a.b/c": "d", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}  # fmt: skip
     if split:
         replicas = {d["metadata"]["name"]: d["spec"]["replicas"] for d in workloads if d["kind"] == "Deployment"}
         assert replicas == {"homelab-autoscaler-worker": 3, "homelab-autoscaler-provider": 1,

@@ -562,7 +562,7 @@ def _script(path: str, field: str) -> tuple[list[str], dict[str, Any]]:
 
 def _run_wake_on_lan(*args: str) -> subprocess.CompletedProcess[str]:
     command, _ = _script("wake-on-lan.yaml", "startupPodSpec")
-    assert command[:2] == ["python", "-c"]
+    assert command[:2] == ["python3", "-c"], "Debian's python3-minimal, in images/wake-on-lan.Containerfile"
     return subprocess.run(
         [sys.executable, "-c", command[2], *args], capture_output=True, text=True, timeout=30, check=False
     )
@@ -597,13 +597,13 @@ def test_the_wake_on_lan_script_fails_when_it_cannot_send(args: tuple[str, ...],
 
 
 def _stub_tools(bin_dir: Path, calls: Path) -> None:
-    """apk, install, ssh, ping, sleep and curl as stubs: each logs its arguments; ssh and ping answer as told."""
+    """install, ssh, ping, sleep and curl as stubs: each logs its arguments; ssh and ping answer as told."""
     behaviour = {
         "ssh": 'case "$*" in *" true") exit "$SSH_LOGIN";; *poweroff*) exit "$SSH_POWEROFF";; esac',
         "ping": 'exit "$PING"',
     }
     bin_dir.mkdir()
-    for tool in ("apk", "install", "ssh", "ping", "sleep", "curl"):
+    for tool in ("install", "ssh", "ping", "sleep", "curl"):
         stub = bin_dir / tool
         stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n{behaviour.get(tool, "exit 0")}\n')
         stub.chmod(0o755)
@@ -748,6 +748,25 @@ def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_pat
     others = [d for d in objects_of("Deployment", docs) if d is not dep and d["metadata"]["name"].startswith("homelab")]
     envs = [_env_of(d["spec"]["template"]["spec"]["containers"][0]) for d in others]
     assert envs and not any("HOMELAB_AUTOSCALER_WEBHOOK_ADDRESS" in env for env in envs)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", ["base", "overlays/homelab", "overlays/split", "overlays/homelab-mtls",
+                                  "overlays/temporal-cluster"])  # fmt: skip
+def test_the_operator_and_its_temporal_never_stand_on_a_machine_it_powers_off(path: str) -> None:
+    """Every workload of the operator and its Temporal may only run on the control plane (tolerating its taint) or
+    a node labelled homelab-autoscaler.dev/ground=true, and tells cluster-autoscaler never to evict it: a machine
+    the operator manages is never its ground (docs/decisions.md, "The operator's ground")."""
+    workloads = [d for d in render(path) if d["kind"] in ("Deployment", "StatefulSet")]
+    assert workloads
+    for doc in workloads:
+        pod = doc["spec"]["template"]
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        keys = [(e["key"], e["operator"]) for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]]
+        assert keys == [("node-role.kubernetes.io/control-plane", "Exists"), ("homelab-autoscaler.dev/ground", "In")]
+        assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "spec"]["tolerations"], doc["metadata"]["name"]  # fmt: skip
+        assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
 
 
 @needs_kubectl

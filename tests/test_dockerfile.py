@@ -67,3 +67,16 @@ def test_every_package_is_copied_into_the_build() -> None:
 def test_the_dockerignore_keeps_the_context_small() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "tests"} <= ignored
+
+
+def test_the_dependencies_are_installed_before_any_source_is_copied() -> None:
+    """A code change rebuilds the image from the package's own install on: the dependencies' layer is keyed by
+    the dependency list alone (a stage that reads it from pyproject.toml), so it is reused."""
+    steps = instructions()
+    build = next(i for i, (w, rest) in enumerate(steps) if w == "FROM" and rest.endswith("AS build"))
+    deps = next(i for i, (w, rest) in enumerate(steps) if i > build and w == "RUN" and "pip install -r" in rest)
+    first_source = next(i for i, (w, rest) in enumerate(steps) if i > build and w == "COPY" and "--from" not in rest)
+    assert deps < first_source, "the dependencies are installed after the sources are copied: every change reinstalls"
+    reader = next(rest for w, rest in steps if w == "RUN" and "tomllib" in rest)
+    assert '["dependencies"]' in reader
+    assert any(w == "RUN" and "--no-deps" in rest for w, rest in steps[first_source:]), "the package itself, alone"

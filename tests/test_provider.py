@@ -168,6 +168,38 @@ async def test_scale_up_of_three_from_zero() -> None:
         assert ("Ready", "True") in {(cond.type, cond.status) for cond in node.status.conditions}
 
 
+async def test_a_machine_mid_boot_is_no_groups_until_its_claim_is_ready() -> None:
+    """cluster-autoscaler 1.35 reads a group's options without a MaxNodeStartupTime (kubernetes/autoscaler#10245):
+    a registered Node not Ready yet counts as unready at once, and its scale-up as done. So a Node whose claim is
+    still booting is no group's: cluster-autoscaler keeps counting its instance (creating) as upcoming. Found by
+    `make e2e-pods`, where the real cluster-autoscaler booted a second machine for one Pod."""
+    async with serving(homelab([slot("s1", faults={"kubeletNeverReady": True})])) as p:
+        await p.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="g", delta=1), timeout=CA_DEADLINE)
+        await p.lab.until(lambda: p.lab.node("s1") is not None, within=5 * MIN, what="s1's Node registered")
+        kubelet = p.lab.node("s1")
+        assert kubelet is not None
+        node = pb.ExternalGrpcNode(name="s1", providerID=kubelet["spec"].get("providerID", ""))  # none yet
+        assert await p.states() == {pid("s1"): pb.InstanceStatus.instanceCreating}
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=CA_DEADLINE)
+        assert found.nodeGroup.id == "", "a Node mid-boot would count as the group's unready node"
+        p.lab.lab.set_fault("s1", "kubeletNeverReady", False)  # the kubelet comes up: the claim gets ready
+        await p.lab.until(
+            lambda: all_states(p, pb.InstanceStatus.instanceRunning, 1), within=5 * MIN, what="s1 running"
+        )
+        found = await p.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=CA_DEADLINE)
+        assert found.nodeGroup.id == "g"
+
+
+def test_mid_boot_is_a_creating_instance_that_has_not_failed() -> None:
+    instances = [
+        c.Instance("p1", "s1", "s1-a", "creating"),
+        c.Instance("p2", "s2", "s2-b", "running"),
+        c.Instance("p3", "s3", "s3-c", "creating", error_code="boot-timeout", error_class=99),
+        c.Instance("p4", "s4", "s4-d", "deleting"),
+    ]
+    assert [s for s in ("s1", "s2", "s3", "s4", "s5") if c.mid_boot(instances, s)] == ["s1"]
+
+
 async def test_a_new_group_scales_from_zero_on_its_declared_capacity_until_a_machine_is_seen() -> None:
     """Found against the real cluster-autoscaler: a group none of whose machines had registered was never a scale-up
     option ("No node info"); `spec.nodeCapacity` gives it a template, and a machine seen since wins."""

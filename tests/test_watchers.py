@@ -220,6 +220,30 @@ async def test_kubectl_delete_nodeclaim_reverses_a_ready_machine() -> None:
         assert report["phase"] == "off"
         assert report["lastClaim"]["name"] == name
         assert report["lastClaim"]["reason"] == "DeletedByHand"
+        # powerOffNodePolicy Delete (the default): the claim ended with its machine verified off, so its Node goes.
+        await drive(lab, w, lambda: lab.node("s1") is None, within=5 * MIN, what="kubelet Node deleted")
+
+
+async def test_a_hand_deleted_claim_that_is_gone_before_its_slot_is_reported_still_ends_the_report() -> None:
+    """Found on the real node (issue 31): the claim's end and its resource's removal came before the slot's report
+    was written, and the writer, reading the slot's claims from then on, found none: the slot kept saying its claim
+    was ready, and powerOffNodePolicy Delete never deleted the Node. The last claim to leave is remembered."""
+    async with watched(homelab([{"name": "s1"}])) as (lab, w):
+        name = await ready_claim(lab, w)
+        held = Fault(
+            match=lambda r: r.group == "infra.homecluster.dev" and r.plural == "nodes" and r.verb == "patch",
+            status=503, reason="ServiceUnavailable", times=None,
+        )  # fmt: skip
+        lab.lab.emulator.faults.append(held)
+        assert lab.kube.delete_claim(NS, name)
+        await drive(lab, w, lambda: lab.claim_resource(name) is None, within=10 * MIN, what="claim resource gone")
+        assert slot_status(lab, "s1")["lastClaim"]["phase"] == "ready", "no report was written meanwhile"
+        lab.lab.emulator.faults.remove(held)
+        await w.writer.everything(w.clock())  # the resync's pass: no event of the slot is left to bring one
+        await drive(lab, w, lambda: lab.node("s1") is None, within=5 * MIN, what="kubelet Node deleted")
+        report = slot_status(lab, "s1")
+        assert (report["lastClaim"]["name"], report["lastClaim"]["phase"]) == (name, "completed"), report
+        assert report["lastClaim"]["reason"] == "DeletedByHand" and report["phase"] == "off"
 
 
 async def test_a_failed_boots_cause_is_on_the_slots_report_and_no_reload_or_edit_puts_its_words_in_a_history() -> None:

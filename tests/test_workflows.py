@@ -175,6 +175,57 @@ async def test_a_decrease_forgets_an_errored_instance_and_refuses_past_it() -> N
         assert await lab.group().query(GroupWorkflow.instances) == []
 
 
+async def test_a_failed_machines_release_keeps_its_errored_instance_in_the_target() -> None:
+    """The soak's seed 3934560059: a failed boot whose machine was then released (law 3) left the target while the
+    release ran and came back when it ended, past maxSize (target 5 of max 4). Now the errored instance holds its slot
+    through the release: IncreaseSize counts it and takes other slots, and the target never passes maxSize."""
+    async with open_lab(homelab([slot("s1", taintNeverClears=True), slot("s2"), slot("s3")], maxSize=2)) as lab:
+        failed = await one_claim(lab)
+        await lab.wait_phase(failed, "failed", within=8 * MIN, step=15)
+
+        async def releasing() -> bool:
+            return bool((await lab.snapshot())["slots"]["s1"]["releasing"])
+
+        await lab.until(releasing, within=2 * MIN, step=1, what="s1's machine released")
+        assert (await lab.snapshot())["targetSize"] == 1, "the errored instance counts while its machine is released"
+        (instance,) = await lab.group().query(GroupWorkflow.instances)
+        assert (instance.slot, instance.claim, instance.error_code) == ("s1", failed, "readiness-timeout"), instance
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await lab.increase(2)
+        assert "size 1 + 2 would exceed maxSize 2" in str(refused.value.cause), refused.value.cause
+        assert await lab.increase(1) == 2
+        live = {d["slot"] for d in (await lab.snapshot())["claims"].values() if d["phase"] in ("pending", "booting")}
+        assert live == {"s2"}, "IncreaseSize takes a slot no failure holds"
+
+        async def released() -> bool:
+            return not await releasing()
+
+        await lab.until(released, within=10 * MIN, step=15, what="s1's release ended")
+        assert (await lab.snapshot())["targetSize"] == 2, "the target never passes maxSize when the release ends"
+        # cluster-autoscaler deletes the errored instance: the slot is free for the next scale-up.
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, [instance.id]) == 1
+        assert await lab.increase(1) == 2
+
+
+async def test_an_errored_instance_replaced_by_a_new_claim_on_its_slot_never_comes_back() -> None:
+    """A failed claim's errored instance is hidden while a newer claim lives on its slot; it came back when that claim
+    ended (a successful boot and scale-down later, cluster-autoscaler saw the old failure again, and the target grew
+    by one without an IncreaseSize). The new claim replaces it for good."""
+    async with open_lab(homelab([slot("s1", startupJobFails=True)], maxSize=2)) as lab:
+        failed = await one_claim(lab)
+        await lab.wait_phase(failed, "failed", within=3 * MIN)
+        assert (await lab.snapshot())["targetSize"] == 1
+        lab.lab.set_fault("s1", "startupJobFails", False)
+        assert await lab.increase(1) == 1, "the new claim takes the failed slot's place"
+        second = next(n for n in await lab.claim_names() if n != failed)
+        await lab.wait_phase(second, "ready", within=3 * MIN)
+        (instance,) = await lab.group().query(GroupWorkflow.instances)
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, [instance.id]) == 0
+        await lab.wait_phase(second, "completed", within=6 * MIN, step=10)
+        assert (await lab.snapshot())["targetSize"] == 0, "the old failure came back as an errored instance"
+        assert await lab.group().query(GroupWorkflow.instances) == []
+
+
 async def test_startup_job_timed_out() -> None:
     async with open_lab(homelab([slot("s1", jobHangs=True)])) as lab:
         name = await one_claim(lab)

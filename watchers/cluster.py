@@ -76,6 +76,9 @@ class Cluster:
     claims: dict[Key, JSON] = field(default_factory=dict)
     nodes: dict[str, JSON] = field(default_factory=dict)
     jobs: dict[Key, JSON] = field(default_factory=dict)
+    # Each slot's last ended claim whose resource is gone (by slot key): a claim may end and go before the slot's
+    # report is written (a write refused, a pass behind its events), and the report must still say how it ended.
+    departed: dict[Key, JSON] = field(default_factory=dict)
 
     # --- slots and their machines ------------------------------------------------------------------------
     def slot_node_name(self, slot: Mapping[str, Any]) -> str:
@@ -130,6 +133,24 @@ class Cluster:
     def newest_claim(self, slot_key: Key) -> JSON | None:
         found = self.claims_of(slot_key)
         return found[-1] if found else None
+
+    def last_claim(self, slot_key: Key) -> JSON | None:
+        """The slot's newest claim, or the last ended one whose resource is gone when no newer resource exists: what
+        the slot's report says of its last claim (a group's health reads resources only, so a failure collected by
+        its TTL stops troubling it)."""
+        found = self.claims_of(slot_key)
+        gone = self.departed.get(slot_key)
+        if gone is not None:
+            found = sorted([*found, gone], key=claim_order)
+        return found[-1] if found else None
+
+    def claim_departed(self, slot_key: Key, claim: JSON) -> None:
+        """A claim resource was deleted: kept as its slot's last word when it had ended (a live one that vanished
+        says nothing of its machine)."""
+        if law.is_terminal(claim_phase(claim)):
+            held = self.departed.get(slot_key)
+            if held is None or claim_order(held) <= claim_order(claim):
+                self.departed[slot_key] = claim
 
     def all_slots(self) -> Iterator[Key]:
         yield from sorted(self.slots)

@@ -352,6 +352,8 @@ class Dispatcher:
         obj = event.object if event.type != DELETED else (old or event.object)
         ns, name = key
         slot_key = (ns, str(spec(obj).get("node") or ""))
+        if event.type == DELETED and slot_key[1]:
+            self.cluster.claim_departed(slot_key, obj)
         edit = views.status_edit(old, obj) if event.type != DELETED else None
         if edit is not None and self.acting:
             # Delivered whatever the edit left (even a status no contract accepts): the claim overwrites it.

@@ -318,7 +318,7 @@ class ReportWriter:
         marked = False
         if live is not None:
             marked = bool(meta(live).get("deletionTimestamp")) or _condition_true(live, "MarkedForDeletion")
-        newest = cl.newest_claim(key)
+        newest = cl.last_claim(key)
         policy = spec(group).get("powerOffNodePolicy") or PowerOffNodePolicy.DELETE
         delete_node = (
             policy == PowerOffNodePolicy.DELETE

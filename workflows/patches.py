@@ -47,6 +47,7 @@ class Patch(StrEnum):
     # 0.4.0
     TELL_BY_CALL = "claim-tells-group-by-a-local-call"
     BOOKED_CLAIM_SEES_NEWEST = "booked-claim-starts-with-the-newest-observation"
+    ERRORED_INSTANCE_NEVER_COMES_BACK = "errored-instance-never-comes-back"
 
 
 # The 0.2 line's last commit called itself 0.2.0a0: every patch of that line is dated by it.
@@ -79,4 +80,5 @@ INTRODUCED: dict[Patch, str] = {
     Patch.TAKEN_OVER_WHOLE: LINE_0_2,
     Patch.TELL_BY_CALL: "0.4.0",
     Patch.BOOKED_CLAIM_SEES_NEWEST: "0.4.0",
+    Patch.ERRORED_INSTANCE_NEVER_COMES_BACK: "0.4.0",
 }

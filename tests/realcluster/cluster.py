@@ -180,6 +180,8 @@ class Cluster:
 
     def __init__(self, directory: Path, *, bins: Path | None = None, node_monitor_grace: str = "20s") -> None:
         self.dir = directory
+        # Flags a tier adds to the API server before `start()` (the real node's egress door, its kubelet client).
+        self.apiserver_extra_args: list[str] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bins = bins or require_binaries()
         self.node_monitor_grace = node_monitor_grace
@@ -294,6 +296,7 @@ class Cluster:
             "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
             "--audit-log-mode=blocking", f"--cert-dir={self.dir / 'apiserver-certs'}",
+            *self.apiserver_extra_args,
             # A KWOK node's Hostname address is its name, which resolves nowhere here: `kubectl logs` reaches its
             # kubelet at its InternalIP (127.0.0.1).
             "--kubelet-preferred-address-types=InternalIP",

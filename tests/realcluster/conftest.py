@@ -12,16 +12,20 @@ import pytest
 from pluggy import Result
 
 ENABLED = os.environ.get("HOMELAB_E2E_REAL", "") not in ("", "0")
+# The real node's tier (`make e2e-pods`): images built here, deploy/ installed on a kubelet with containerd.
+PODS_ENABLED = os.environ.get("HOMELAB_E2E_PODS", "") not in ("", "0")
 FAILED = pytest.StashKey[list[str]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if ENABLED:
-        return
     skip = pytest.mark.skip(reason="the real-cluster story runs under `make e2e-real` (HOMELAB_E2E_REAL=1)")
+    skip_pods = pytest.mark.skip(reason="the real node's tier runs under `make e2e-pods` (HOMELAB_E2E_PODS=1, root)")
     for item in items:
-        if "realcluster" in item.keywords:
+        # By marker, not keyword: every test of this directory has the keyword "realcluster".
+        if item.get_closest_marker("realcluster") and not ENABLED:
             item.add_marker(skip)
+        if item.get_closest_marker("realpods") and not PODS_ENABLED:
+            item.add_marker(skip_pods)
 
 
 @pytest.hookimpl(hookwrapper=True)

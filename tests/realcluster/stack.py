@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from homelab_autoscaler.devserver import DevServer
 from tests.procs import BIN, ROOT, free_port, port_open
-from tests.realcluster import deployed
+from tests.realcluster import crds, deployed
 from tests.realcluster.cluster import Cluster, Proc, cluster_autoscaler_binary, wait_until
 from tests.realcluster.conftest import FAILED
 from tests.realcluster.executor import Executor, Machine
@@ -278,8 +278,8 @@ class Stack:
         kc = self.cluster.kubectl
         kc("apply", "--server-side", "-f", str(DEPLOY / "base" / "namespace.yaml"))
         kc("apply", "--server-side", "-k", str(DEPLOY / "crds"))
-        kc("wait", "--for=condition=Established", "--timeout=60s", "crd/groups.infra.homecluster.dev",
-           "crd/nodes.infra.homecluster.dev", "crd/nodeclaims.infra.homecluster.dev")  # fmt: skip
+        crds.established(self.cluster, "groups.infra.homecluster.dev", "nodes.infra.homecluster.dev",
+                         "nodeclaims.infra.homecluster.dev")  # fmt: skip
         kc("apply", "--server-side", "-k", str(DEPLOY / "rbac"))
         kc("apply", "--server-side", "-n", NS, "-f", str(DEPLOY / "cluster-autoscaler" / "base" / "rbac.yaml"))
         self._control_plane_node()

@@ -22,6 +22,7 @@ import yaml
 
 from api import names
 from api.v2alpha1 import Group, Node, NodeClaim
+from tests.realcluster import crds
 from tests.realcluster.cluster import Cluster
 from tests.realcluster.stack import DEPLOY
 
@@ -45,8 +46,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         c.kubectl("apply", "--server-side", "-f", str(DEPLOY / "base" / "namespace.yaml"))
         c.kubectl("apply", "--server-side", "-k", str(DEPLOY / "crds"))
-        c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/groups.infra.homecluster.dev",
-                  "crd/nodes.infra.homecluster.dev", "crd/nodeclaims.infra.homecluster.dev")  # fmt: skip
+        crds.established(c, "groups.infra.homecluster.dev", "nodes.infra.homecluster.dev",
+                         "nodeclaims.infra.homecluster.dev")  # fmt: skip
         yield c
     finally:
         c.stop()

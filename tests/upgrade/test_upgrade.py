@@ -224,6 +224,8 @@ async def test_the_previous_release_hands_every_claim_in_flight_to_this_one(
         await s.increase(2)  # e-scale and f-scale: the group mid-scale when the old release stops
         in_flight = {slot: s.claim(slot)["metadata"]["name"] for slot in SLOTS if s.claim(slot)}
         before = {slot: s.phase(slot) for slot in in_flight}
+        assert s.operator is not None and s.operator.popen is not None
+        old_pid = s.operator.popen.pid
         s.stop()
         assert s.running_job(drain_job) and s.running_job(boot_job), "the Jobs ran across the upgrade"
         assert before["a-drain"] == "ready" and before["b-ready"] == "ready" and before["z-broken"] == "failed"
@@ -231,6 +233,8 @@ async def test_the_previous_release_hands_every_claim_in_flight_to_this_one(
         # --- this commit ---------------------------------------------------------------------------------------
         began = time.monotonic()
         s.start(BIN / "homelab-autoscaler", "operator-new")
+        assert s.operator is not None and s.operator.popen is not None
+        new_pid = s.operator.popen.pid
         s.homelab.call(lambda h: h.emulator.faults.remove(refused))
         await s.until(lambda: s.phase("a-drain") == "completed" and s.power("a-drain") == "off", "a-drain completed")
         for slot in ("c-boot", "d-pending", "e-scale", "f-scale"):
@@ -257,9 +261,9 @@ async def test_the_previous_release_hands_every_claim_in_flight_to_this_one(
     assert jobs == expected, "one startup Job and one shutdown Job per claim"
     # --- the workflows: the old release started them, the new one replayed them, no task failed -------------------
     histories = await all_histories(s.client)
-    crossed_over = {h.workflow_id for h in histories if crossed(h)}
+    crossed = {h.workflow_id for h in histories if crossed_over(h, old_pid, new_pid)}
     started_before = {c.claim_workflow_id(NS, name) for slot, name in in_flight.items() if slot != "z-broken"}
-    assert started_before | {c.group_workflow_id(NS, GROUP)} <= crossed_over, "the previous release started them"
+    assert started_before | {c.group_workflow_id(NS, GROUP)} <= crossed, "the previous release started them"
     failed = [f for h in histories for f in failed_tasks(h)]
     assert not failed, f"workflow tasks failed: {failed}"
     assert not tracebacks(s.dir / "operator-new.log"), tracebacks(s.dir / "operator-new.log")
@@ -272,16 +276,20 @@ async def all_histories(client: Client) -> list[WorkflowHistory]:
     return found
 
 
-def crossed(history: WorkflowHistory) -> bool:
-    """The run crossed the upgrade: workflow tasks completed by two worker processes (each names itself pid@host),
-    the previous release's operator, then this one's (never both at once: the old one is stopped first). A marker
-    cannot tell: the previous release records the same deprecated markers as this one."""
-    workers = {
+def task_workers(history: WorkflowHistory) -> list[str]:
+    """The identity of the worker that completed each workflow task, in order (the SDK's default, `<pid>@<host>`)."""
+    return [
         e.workflow_task_completed_event_attributes.identity
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    }
-    return len(workers) >= 2
+    ]
+
+
+def crossed_over(history: WorkflowHistory, old_pid: int, new_pid: int) -> bool:
+    """The run was begun by the previous release's process and carried on by this one's: its first workflow task was
+    completed by the old operator, a later one by the new (whatever either release records in markers)."""
+    workers = task_workers(history)
+    return bool(workers) and workers[0].startswith(f"{old_pid}@") and any(w.startswith(f"{new_pid}@") for w in workers)
 
 
 def failed_tasks(history: WorkflowHistory) -> list[str]:

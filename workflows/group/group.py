@@ -78,6 +78,7 @@ class Group(Verbs):
     async def run(self, ref: c.GroupRef, carried: GroupState | None = None) -> None:
         s = self.s
         workflow.deprecate_patch(Patch.ERRORED_IN_TARGET)  # a failed claim's instance counts in the target
+        s.errored_never_back = workflow.patched(Patch.ERRORED_INSTANCE_NEVER_COMES_BACK)
         s.updates = 0
         workflow.upsert_search_attributes([KEY_GROUP.value_set(ref.group)])
         self.last_reload = self.now()

@@ -170,6 +170,10 @@ class GroupState:
     slots: dict[str, SlotBook] = field(default_factory=dict)
     claims: dict[str, c.ClaimDigest] = field(default_factory=dict)
     failures: list[c.ClaimDigest] = field(default_factory=list)
+    # Since 0.4.0 (Patch.ERRORED_INSTANCE_NEVER_COMES_BACK, set by each run): a listed failure stays listed while its
+    # machine is released (hidden during the release, it came back when the release ended, past maxSize: the soak
+    # found target 5 of max 4), and a live claim on its slot replaces it for good (it came back when that claim ended).
+    errored_never_back: bool = False
     template: dict[str, Any] | None = None
     inbox: list[c.SlotObservation] = field(default_factory=list)
     reload_requested: bool = False
@@ -205,8 +209,11 @@ class GroupState:
         out: list[c.ClaimDigest] = []
         for name, f in sorted(latest.items()):
             slot = self.slots.get(name)
-            if slot is not None and slot.exists and not (slot.live_claim or slot.releasing):
-                out.append(f)
+            if slot is None or not slot.exists or slot.live_claim:
+                continue
+            if slot.releasing and not self.errored_never_back:
+                continue
+            out.append(f)
         return out
 
     def phase_counts(self) -> dict[str, int]:
@@ -294,6 +301,8 @@ class GroupState:
         if law.is_live(digest.phase) and not digest.workflow_done:
             if not slot.live_claim or slot.live_claim == digest.name or self._newer(digest, slot.live_claim):
                 slot.live_claim = digest.name
+            if self.errored_never_back:  # a live claim on the slot replaces its errored instance for good
+                self.failures = [f for f in self.failures if f.slot != slot.name or f.name == digest.name]
             self.supersede_older(slot.name)
             return
         if slot.live_claim == digest.name:
@@ -375,7 +384,7 @@ class GroupState:
             if claim is not None:
                 state = "deleting" if claim.marked else ("running" if claim.phase == ClaimPhase.READY else "creating")
                 out.append(c.Instance(slot.provider_id, slot.name, claim.name, state))
-            elif slot.releasing:
+            elif slot.releasing and slot.name not in failed:
                 out.append(c.Instance(slot.provider_id, slot.name, "", "deleting"))
             elif slot.name in failed:
                 f = failed[slot.name]

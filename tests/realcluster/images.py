@@ -1,0 +1,385 @@
+"""Every image the real node runs, built here as a user builds them (no public registry is reachable), cached by
+content, and pushed to a registry of the run's own on the loopback (Debian's docker-registry).
+
+- the operator: the repository's Dockerfile, unchanged, with `buildah bud`, its PYTHON_IMAGE a base made from
+  Debian's packages with mmdebstrap (python3, python3-venv, ca-certificates, passwd), with the official image's
+  PATH. pip in the build verifies PyPI with the machine's CA bundle, mounted for the build only (no layer keeps it);
+- from one static binary each: the Pod sandbox (pause), CoreDNS, local-path-provisioner, cluster-autoscaler;
+- busybox from Debian's busybox-static: local-path-provisioner's helper Pods and the power Jobs' tool.
+
+An image's tag is a digest of what goes into it (the files the Dockerfile copies, a binary's bytes, the recipe),
+so a change is a new image and an unchanged one is never rebuilt. Images live in buildah's store under
+~/.cache/homelab-autoscaler/images (or $HOMELAB_IMAGE_CACHE).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.procs import ROOT, free_port
+from tests.realcluster.cluster import Proc, wait_until
+
+_XDG_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "") or Path.home() / ".cache")
+CACHE = Path(os.environ.get("HOMELAB_IMAGE_CACHE", "") or _XDG_CACHE / "homelab-autoscaler" / "images")
+MACHINE_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# What python:3.11-slim-bookworm gives the Dockerfile: an interpreter with venv, CA certificates, groupadd/useradd.
+BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
+OFFICIAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BUSYBOX_APPLETS = ("sh", "mkdir", "rm", "rmdir", "sleep", "cat", "echo", "wget", "ls", "test", "[", "true", "false",
+                   "env", "printf", "chmod", "nc", "id", "date", "hostname", "nslookup")  # fmt: skip
+# A recipe's version: bump it when the way an image is made changes, and every image of that recipe is rebuilt.
+RECIPE = "hlas-images-1"
+
+
+class Unavailable(RuntimeError):
+    """A tool the images need is missing: the tier skips, naming it."""
+
+
+def require_tools() -> None:
+    missing = [f"{t} (apt-get install {p})" for t, p in (("buildah", "buildah"), ("mmdebstrap", "mmdebstrap"),
+               ("docker-registry", "docker-registry"), ("skopeo", "skopeo")) if shutil.which(t) is None]  # fmt: skip
+    if not Path("/bin/busybox").exists():
+        missing.append("/bin/busybox (apt-get install busybox-static)")
+    if missing:
+        raise Unavailable("the images need: " + "; ".join(missing))
+
+
+# --- content keys (pure: tests/test_realnode.py) ----------------------------------------------------------------------
+def dockerfile_inputs(dockerfile: str) -> list[str]:
+    """The context paths a Dockerfile's COPY and ADD lines read (a `--from=` copy reads a stage, not the context)."""
+    paths: list[str] = []
+    for line in dockerfile.replace("\\\n", " ").splitlines():
+        if line.strip().split(" ", 1)[0].upper() not in ("COPY", "ADD"):
+            continue
+        words = shlex.split(line.strip())
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if any(w.startswith("--from") for w in words[1:]) or len(args) < 2:
+            continue
+        paths += [a.rstrip("/") for a in args[:-1]]
+    return paths
+
+
+def ignored(rel: str, patterns: Iterable[str]) -> bool:
+    """A .dockerignore match: a pattern matches the path or one of its parent directories (`**/` any depth)."""
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pat in patterns:
+        pat = pat.strip().rstrip("/")
+        if not pat or pat.startswith("#"):
+            continue
+        if pat.startswith("**/"):
+            tail = pat[3:]
+            if any(fnmatch.fnmatch(part, tail) for part in parts):
+                return True
+        elif any(fnmatch.fnmatch(prefix, pat) for prefix in prefixes):
+            return True
+    return False
+
+
+def context_files(root: Path, dockerfile: str, ignore: Iterable[str] = ()) -> list[Path]:
+    """Every file of the build context a Dockerfile copies, minus .dockerignore's, sorted."""
+    pats = list(ignore)
+    files: set[Path] = set()
+    for rel in dockerfile_inputs(dockerfile):
+        p = root / rel
+        candidates: Iterator[Path] = p.rglob("*") if p.is_dir() else iter([p])
+        for f in candidates:
+            if f.is_file() and not ignored(f.relative_to(root).as_posix(), pats):
+                files.add(f)
+    return sorted(files)
+
+
+def content_key(*parts: bytes | str | Path) -> str:
+    """A digest of what goes into an image: bytes, strings, and files (by their path and content)."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            h.update(str(part).encode() + b"\0")
+            h.update(part.read_bytes())
+        elif isinstance(part, str):
+            h.update(part.encode())
+        else:
+            h.update(part)
+        h.update(b"\0\0")
+    return h.hexdigest()[:16]
+
+
+# An image's recipe: given the local name, it builds the image under that name.
+Build = Callable[[str], None]
+
+
+def image_inputs(root: Path) -> list[str]:
+    """What decides the operator's image: its Dockerfile, .dockerignore, and what the Dockerfile copies."""
+    return ["Dockerfile", ".dockerignore", *dockerfile_inputs((root / "Dockerfile").read_text())]
+
+
+def previous_image_commit(root: Path = ROOT, *, depth: int = 200) -> str | None:
+    """The nearest commit before HEAD (first parents: the previous releases of a branch) whose image differs from
+    the checkout's; None when the history has none (a shallow clone). An upgrade from it changes the image."""
+    inputs = image_inputs(root)
+    listed = subprocess.run(["git", "rev-list", "--first-parent", f"--max-count={depth}", "HEAD~1", "--"],
+                            cwd=root, capture_output=True, text=True, timeout=60)  # fmt: skip
+    if listed.returncode != 0:
+        return None
+    for commit in listed.stdout.split():
+        # Against the working tree: the current image is built from it, committed or not.
+        same = subprocess.run(["git", "diff", "--quiet", commit, "--", *inputs], cwd=root, timeout=60)
+        if same.returncode == 1:
+            return commit
+    return None
+
+
+def resolve_commit(ref: str, root: Path = ROOT) -> str:
+    """A commit named by a ref of the repository (a hash, a tag, `main~3`), or ValueError naming it."""
+    done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=root,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    if done.returncode != 0:
+        raise ValueError(f"HOMELAB_E2E_PREVIOUS={ref}: no such commit in {root}")
+    return done.stdout.strip()
+
+
+def export_commit(commit: str, dest: Path, root: Path = ROOT) -> Path:
+    """The commit's files (`git archive`) in `dest`, as a checkout of it would have them."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=root, capture_output=True,
+                             timeout=300, check=True).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+# --- building ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Built:
+    """An image in the cache: its local name, whether this run built it, and how long that took."""
+
+    name: str
+    local: str
+    built: bool
+    seconds: float
+
+
+@dataclass
+class Builder:
+    """buildah with its store in the cache; each image built once per content key."""
+
+    run_dir: Path
+    cache: Path = CACHE
+    log: list[Built] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        require_tools()
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def buildah(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        cmd = ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
+               "--storage-driver", "overlay", *args]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if done.returncode != 0:
+            raise AssertionError(f"buildah {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        return done
+
+    def has(self, local: str) -> bool:
+        cmd = ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
+               "--storage-driver", "overlay", "inspect", "--type", "image", local]  # fmt: skip
+        return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+
+    def ensure(self, name: str, key: str, build: Build, note: str = "") -> Built:
+        """`localhost/hlas/<name>:<key>`, built by `build(local)` unless the store has it; `note` says which."""
+        local = f"localhost/hlas/{name}:{key}"
+        began = time.monotonic()
+        if self.has(local):
+            result = Built(name, local, False, time.monotonic() - began)
+        else:
+            build(local)
+            result = Built(name, local, True, time.monotonic() - began)
+        self.log.append(result)
+        print(f"image {name}{note}: {'built in' if result.built else 'cached'} {result.seconds:.0f} s ({local})",
+              flush=True)  # fmt: skip
+        return result
+
+    # --- the recipes ------------------------------------------------------------------------------------------------
+    def from_binary(self, name: str, binary: Path, *, at: str, entrypoint: list[str], workdir: str = "/",
+                    user: str = "") -> Built:  # fmt: skip
+        """A scratch image holding one static binary."""
+        key = content_key(RECIPE, name, at, " ".join(entrypoint), workdir, user, binary)
+
+        def build(local: str) -> None:
+            ctr = self.buildah("from", "scratch").stdout.strip()
+            try:
+                self.buildah("copy", "--chmod", "0755", ctr, str(binary), at)
+                cfg = ["config", "--entrypoint", _json(entrypoint), "--cmd", "", "--workingdir", workdir]
+                if user:
+                    cfg += ["--user", user]
+                self.buildah(*cfg, ctr)
+                self.buildah("commit", "--rm", ctr, local)
+            except BaseException:
+                self.buildah("rm", ctr)
+                raise
+
+        return self.ensure(name, key, build)
+
+    def busybox(self) -> Built:
+        """Debian's busybox-static with the applets the helper Pods and the power tool use."""
+        binary = Path("/bin/busybox")
+        key = content_key(RECIPE, "busybox", " ".join(BUSYBOX_APPLETS), binary)
+
+        def build(local: str) -> None:
+            rootfs = self.run_dir / "busybox-rootfs"
+            shutil.rmtree(rootfs, ignore_errors=True)
+            (rootfs / "bin").mkdir(parents=True)
+            (rootfs / "tmp").mkdir(mode=0o1777)
+            shutil.copy2(binary, rootfs / "bin" / "busybox")
+            for applet in BUSYBOX_APPLETS:
+                (rootfs / "bin" / applet).symlink_to("busybox")
+            ctr = self.buildah("from", "scratch").stdout.strip()
+            try:
+                self.buildah("copy", ctr, str(rootfs), "/")
+                self.buildah("config", "--entrypoint", "", "--cmd", '["sh"]', "--env", "PATH=/bin", ctr)
+                self.buildah("commit", "--rm", ctr, local)
+            except BaseException:
+                self.buildah("rm", ctr)
+                raise
+            finally:
+                shutil.rmtree(rootfs, ignore_errors=True)
+
+        return self.ensure("busybox", key, build)
+
+    def python_base(self) -> Built:
+        """What python:3.11-slim-bookworm is to the Dockerfile, from Debian's packages (mmdebstrap), keyed by the
+        packages' candidate versions in the machine's apt sources."""
+        versions = _candidate_versions(BASE_PACKAGES)
+        key = content_key(RECIPE, "python-base", OFFICIAL_PATH, *[f"{p}={v}" for p, v in versions.items()])
+
+        def build(local: str) -> None:
+            tar = self.run_dir / "python-base.tar"
+            subprocess.run(
+                ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES), "--quiet",
+                 "--aptopt=Acquire::Retries=3", "bookworm", str(tar)],
+                check=True, capture_output=True, timeout=1800,
+            )  # fmt: skip
+            ctr = self.buildah("from", "scratch").stdout.strip()
+            try:
+                self.buildah("add", ctr, str(tar), "/")
+                self.buildah("config", "--env", f"PATH={OFFICIAL_PATH}", "--env", "LANG=C.UTF-8", "--cmd",
+                             '["python3"]', ctr)  # fmt: skip
+                self.buildah("commit", "--rm", ctr, local)
+            except BaseException:
+                self.buildah("rm", ctr)
+                raise
+            finally:
+                tar.unlink(missing_ok=True)
+
+        return self.ensure("python-base", key, build)
+
+    def operator(self, source: Path = ROOT, *, base: Built, note: str = "") -> Built:
+        """The repository's Dockerfile, unchanged, built with `buildah bud` on the Debian base; the machine's CA
+        bundle is mounted for the build only (pip verifies PyPI through it)."""
+        dockerfile = (source / "Dockerfile").read_text()
+        ignore_file = source / ".dockerignore"
+        ignore = ignore_file.read_text().splitlines() if ignore_file.exists() else []
+        files = context_files(source, dockerfile, ignore)
+        key = content_key(RECIPE, "operator", base.local, dockerfile, *[
+            str(f.relative_to(source)).encode() + b"\0" + f.read_bytes() for f in files])  # fmt: skip
+
+        def build(local: str) -> None:
+            args = ["bud", "--layers", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base.local}",
+                    "-t", local, "-f", str(source / "Dockerfile")]  # fmt: skip
+            if MACHINE_CA_BUNDLE.exists():
+                args += ["--volume", f"{MACHINE_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro"]
+            self.buildah(*args, str(source))
+
+        return self.ensure("homelab-autoscaler", key, build, note)
+
+    def push(self, built: Built, ref: str) -> None:
+        """The image to the run's registry, as `docker push` would (plain HTTP on the loopback)."""
+        self.buildah("push", "--tls-verify=false", built.local, f"docker://{ref}", timeout=900)
+
+    def archive(self, built: Built, path: Path, name: str) -> Path:
+        """The image as an OCI archive named `name` (what `RealNode.load_image` imports)."""
+        self.buildah("push", built.local, f"oci-archive:{path}:{name}", timeout=900)
+        return path
+
+
+def _json(words: list[str]) -> str:
+    return json.dumps(words)
+
+
+def _candidate_versions(packages: Iterable[str]) -> dict[str, str]:
+    out = subprocess.run(["apt-cache", "policy", *packages], capture_output=True, text=True, timeout=60).stdout
+    versions: dict[str, str] = {}
+    current = ""
+    for line in out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+        elif line.strip().startswith("Candidate:") and current:
+            versions[current] = line.split(":", 1)[1].strip()
+    return versions
+
+
+# --- the registry -----------------------------------------------------------------------------------------------------
+@dataclass
+class Registry:
+    """Debian's docker-registry on 127.0.0.1 for the run's length. Its storage is kept in the image cache (blobs by
+    digest, as buildah's store keeps them), so a push of an image pushed before uploads nothing; its process,
+    configuration and log live under the run."""
+
+    dir: Path
+    storage: Path = CACHE / "registry"
+    port: int = field(default_factory=free_port)
+    proc: Proc | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Registry:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.storage.mkdir(parents=True, exist_ok=True)
+        cfg = self.dir / "registry.yml"
+        cfg.write_text(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+            f"    rootdirectory: {self.storage}\n"
+            f"http:\n  addr: {self.address}\n"
+        )
+        self.proc = Proc("registry", ["docker-registry", "serve", str(cfg)], self.dir / "registry.log").start()
+
+        def up() -> bool:
+            with urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2) as r:
+                return bool(r.status == 200)
+
+        wait_until("the image registry to answer /v2/", up, within=30, procs=[self.proc])
+        return self
+
+    def has(self, repository: str, tag: str) -> bool:
+        """Whether the registry holds `repository:tag` (a tag is a content key: the same tag, the same image)."""
+        request = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
+                                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                                                  "application/vnd.docker.distribution.manifest.v2+json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return bool(r.status == 200)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
