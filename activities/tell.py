@@ -6,16 +6,17 @@ move; sent as a workflow command it cost two events and a workflow task of its o
 
 from __future__ import annotations
 
-from datetime import timedelta
+import logging
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
 from api import contracts as c
 from api.names import Failure
+from domain.timings import TIMINGS
 
-SIGNAL_TIMEOUT = timedelta(seconds=10)
+log = logging.getLogger(__name__)
 
 
 @activity.defn(name=c.Act.TELL_GROUP)
@@ -25,10 +26,15 @@ async def tell_group(tell: c.GroupTell) -> None:
     group_id = c.group_workflow_id(tell.namespace, tell.group)
     handle = activity.client().get_workflow_handle(group_id)
     try:
-        await handle.signal(c.GroupSignal.CLAIM_CHANGED, tell.digest, rpc_timeout=SIGNAL_TIMEOUT)
+        await handle.signal(c.GroupSignal.CLAIM_CHANGED, tell.digest, rpc_timeout=TIMINGS.tell_group_rpc_timeout)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise ApplicationError(
                 f"group workflow {group_id} is not running", type=Failure.NOT_FOUND, non_retryable=True
             ) from err
-        raise
+        # Temporal out of reach (an outage, a restart): retried like any activity, said in one line, no traceback.
+        info = activity.info()
+        log.info("%s (attempt %d of %s) will be retried: %s", info.activity_type, info.attempt, info.workflow_id, err)
+        raise ApplicationError(
+            f"signal to {group_id}: {err}", type="TemporalUnavailable", category=ApplicationErrorCategory.BENIGN
+        ) from None
