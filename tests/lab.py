@@ -248,6 +248,8 @@ class Lab:
     others: list[Worker] = field(default_factory=list)
     runtime: Runtime | None = None
     retired: list[WorkflowEnvironment] = field(default_factory=list)  # servers whose state the lab lost
+    # A test's own interceptors on the workers started from now on (inside the lab's clock holder).
+    interceptors: list[Interceptor] = field(default_factory=list)
 
     async def restart_worker(self) -> None:
         """Stop the worker (its running activities finish first) and start a fresh one: a worker restart. The
@@ -273,7 +275,7 @@ class Lab:
             max_cached_workflows=self.cached_workflows,
             sandboxed=self.sandboxed,
             tuner=self.in_flight.tuner(),
-            interceptors=[HoldsTheClock(self.client)],
+            interceptors=[HoldsTheClock(self.client), *self.interceptors],
         )
         await worker.__aenter__()
         return worker

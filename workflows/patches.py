@@ -48,6 +48,8 @@ class Patch(StrEnum):
     TELL_BY_CALL = "claim-tells-group-by-a-local-call"
     BOOKED_CLAIM_SEES_NEWEST = "booked-claim-starts-with-the-newest-observation"
     ERRORED_INSTANCE_NEVER_COMES_BACK = "errored-instance-never-comes-back"
+    END_TOLD_ONCE_COMMITTED = "claim-tells-its-end-once-committed"
+    GROUP_HEARS_ITS_OWN_CLAIMS = "group-hears-only-claims-it-tracks"
 
 
 # The 0.2 line's last commit called itself 0.2.0a0: every patch of that line is dated by it.
@@ -81,4 +83,6 @@ INTRODUCED: dict[Patch, str] = {
     Patch.TELL_BY_CALL: "0.4.0",
     Patch.BOOKED_CLAIM_SEES_NEWEST: "0.4.0",
     Patch.ERRORED_INSTANCE_NEVER_COMES_BACK: "0.4.0",
+    Patch.END_TOLD_ONCE_COMMITTED: "0.4.0",
+    Patch.GROUP_HEARS_ITS_OWN_CLAIMS: "0.4.0",
 }

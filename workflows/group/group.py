@@ -392,6 +392,12 @@ class Group(Verbs):
 
     # --- signals -----------------------------------------------------------------------------------------
     def claim_changed(self, digest: c.ClaimDigest) -> None:
+        if digest.name not in self.s.claims and workflow.patched(Patch.GROUP_HEARS_ITS_OWN_CLAIMS):
+            # Not a claim this run tracks: a word that left a lost run late (a local call in flight across a wipe of
+            # Temporal's database reaches the group started on the empty one), or one after the claim's end. Taken,
+            # it kept the reload from taking the claim over, or brought an ended claim back; the reload reads it.
+            workflow.logger.info("claim %s is not one this group tracks: its word is left to the reload", digest.name)
+            return
         final = digest.workflow_done and digest.observation is not None
         if final:  # a claim's final report brings its last view of the machine: an "on" sent meanwhile is not lost
             workflow.deprecate_patch(Patch.OWNER_END_RECHECK)
