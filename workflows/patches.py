@@ -45,8 +45,6 @@ class Patch(StrEnum):
     FAILED_CLOSE_SAYS_WHERE = "claim-failed-close-says-where-to-look"
     TAKEN_OVER_WHOLE = "claim-taken-over-adopted-whole"
     # 0.4.0
-    TELL_BY_CALL = "claim-tells-group-by-a-local-call"
-    BOOKED_CLAIM_SEES_NEWEST = "booked-claim-starts-with-the-newest-observation"
     ERRORED_INSTANCE_NEVER_COMES_BACK = "errored-instance-never-comes-back"
 
 
@@ -78,7 +76,5 @@ INTRODUCED: dict[Patch, str] = {
     Patch.COMPLETION_CITES_ITS_JOB: LINE_0_2,
     Patch.FAILED_CLOSE_SAYS_WHERE: LINE_0_2,
     Patch.TAKEN_OVER_WHOLE: LINE_0_2,
-    Patch.TELL_BY_CALL: "0.4.0",
-    Patch.BOOKED_CLAIM_SEES_NEWEST: "0.4.0",
     Patch.ERRORED_INSTANCE_NEVER_COMES_BACK: "0.4.0",
 }

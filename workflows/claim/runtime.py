@@ -256,23 +256,14 @@ class ClaimRuntime(SlotVerbs):
             return  # no group takes this claim: it is not one of any group's
         digest = self.s.digest(workflow_done=final)
         workflow.deprecate_patch(Patch.TELL_BESIDE)
-        # Sent by the worker (a local activity) rather than as a command: the server's acknowledgement of a
-        # command woke the claim for a workflow task of its own, one per move.
-        by_call = workflow.patched(Patch.TELL_BY_CALL)
-        self._telling = asyncio.create_task(self._tell(digest, after=self._telling, by_call=by_call))
+        self._telling = asyncio.create_task(self._tell(digest, after=self._telling))
 
-    async def _tell(
-        self, digest: c.ClaimDigest, after: asyncio.Task[None] | None = None, *, by_call: bool = False
-    ) -> None:
+    async def _tell(self, digest: c.ClaimDigest, after: asyncio.Task[None] | None = None) -> None:
         if after is not None:
             await after
         seed = self.s.seed
         try:
-            if by_call:
-                tell = c.GroupTell(seed.namespace, seed.group, digest)
-                await self.write(c.Act.TELL_GROUP, tell, f"tell group {seed.group}: {digest.phase}")
-            else:
-                await signal_group(seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, digest)
+            await signal_group(seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, digest)
         except Exception as err:
             workflow.logger.warning("could not tell group %s: %s", seed.group, err)
 

@@ -16,7 +16,6 @@ contracts refuse is left out with its reason, never a failing workflow task.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -322,13 +321,8 @@ class Group(Verbs):
             book.observation = obs.observation
         owner = book.live_claim
         if owner:
-            booked = next((i for i, seed in enumerate(s.to_start) if seed.name == owner), None)
-            if booked is None:
+            if not any(seed.name == owner for seed in s.to_start):  # a booked claim starts with what the book saw
                 s.send(c.claim_workflow_id(s.namespace, owner), c.ClaimSignal.OBSERVE, book.observation)
-            elif workflow.patched(Patch.BOOKED_CLAIM_SEES_NEWEST):
-                # A claim booked in this task starts with what the book saw last (the watchers tell it nothing
-                # they told the group before it was booked).
-                s.to_start[booked] = replace(s.to_start[booked], observation=book.observation)
         elif book.releasing:
             if book.release is None:  # started: it hears the machine
                 s.send(c.release_workflow_id(s.namespace, book.name), c.ReleaseSignal.OBSERVE, book.observation)
