@@ -10,7 +10,7 @@ STAMP     := $(VENV)/.installed
 .PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins soak chaos bench bytecode clean
 
 help: ## what each target does
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,6 +23,8 @@ from api import names
 from api.v2alpha1 import GroupSpec, Node, NodeClaimSpec, NodeClaimStatus, NodeSpec, PowerDraw, parse_duration
 from domain import law
 from kube.objects import meta, spec, status
+
+M = TypeVar("M", bound=BaseModel)
 
 JSON = dict[str, Any]
 
@@ -132,15 +134,19 @@ def attempts_reset_at(slot: Mapping[str, Any] | None) -> datetime | None:
 
 
 # --- usage figures ----------------------------------------------------------------------------------------
-def power_draw(obj: Mapping[str, Any] | None) -> PowerDraw | None:
-    """A slot's or Group's `spec.powerDraw` (None when absent, or unreadable: the object's Valid condition says why)."""
-    raw = spec(obj).get("powerDraw")
+def model_or_none(model: type[M], raw: Any) -> M | None:
+    """`raw` read as `model`, or None when it is absent or does not fit (what is stored is data, never trusted)."""
     if not isinstance(raw, Mapping):
         return None
     try:
-        return PowerDraw.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError:
         return None
+
+
+def power_draw(obj: Mapping[str, Any] | None) -> PowerDraw | None:
+    """A slot's or Group's `spec.powerDraw` (None when absent, or unreadable: the object's Valid condition says why)."""
+    return model_or_none(PowerDraw, spec(obj).get("powerDraw"))
 
 
 def usage_reset(obj: Mapping[str, Any] | None) -> tuple[datetime | None, str]:

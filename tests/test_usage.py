@@ -27,7 +27,6 @@ from homelab_sim.homelab_spec import parse_homelab_spec
 from pydantic import ValidationError
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from api import contracts as c
 from api import names
 from api.names import PowerState, Report, UsageState
 from api.v2alpha1 import GroupUsage, PowerDraw, SlotUsage
@@ -37,6 +36,7 @@ from kube import views
 from kube.adapter import Kube
 from tests.lab import NS as LAB_NS
 from tests.lab import Lab, homelab, open_lab, slot
+from tests.test_report import Quiet
 from tests.test_watchers import MIN, drive, slot_status, wait_group_loaded
 from watchers.main import Watchers
 from watchers.signals import Signals
@@ -72,28 +72,6 @@ class Clock:
 
     def jump(self, seconds: float) -> None:
         self.wall += timedelta(seconds=seconds)
-
-
-class Quiet:
-    """A signal sink that delivers nothing: no workflow runs in the tests without Temporal."""
-
-    async def claim(self, namespace: str, claim: str, signal: str, arg: Any = None) -> bool:
-        return True
-
-    async def release(self, namespace: str, slot: str, signal: str, arg: Any = None) -> bool:
-        return True
-
-    async def group(self, namespace: str, group: str, signal: str, arg: Any = None, *, start: bool = True) -> bool:
-        return True
-
-    async def claim_running(self, namespace: str, claim: str) -> bool:
-        return True
-
-    async def start_claim(self, seed: c.ClaimSeed) -> bool:
-        return True
-
-    def count(self, signal: str | None = None, workflow_id: str | None = None) -> int:
-        return 0
 
 
 # --- the pure rules ---------------------------------------------------------------------------------------------

@@ -639,23 +639,12 @@ class ReportWriter:
 
 def stored_usage(slot: Mapping[str, Any] | None) -> SlotUsage | None:
     """A slot's usage figures as its status holds them (None when absent or unreadable: they start over)."""
-    raw = status(slot).get("usage")
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return SlotUsage.model_validate(raw)
-    except ValidationError:
-        return None
+    return views.model_or_none(SlotUsage, status(slot).get("usage"))
 
 
 def _group_usage(raw: Any) -> GroupUsage | None:
     """The group's usage figures as stored (None when absent or unreadable: they are written again whole)."""
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return GroupUsage.model_validate(raw)
-    except ValidationError:
-        return None
+    return views.model_or_none(GroupUsage, raw)
 
 
 def _condition_true(obj: Mapping[str, Any], kind: str) -> bool:

@@ -29,6 +29,7 @@ from tests.realcluster.executor import Executor, Machine
 from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit, resolve_commit
 from tests.realcluster.machineroom import MachineRoom
 from tests.realcluster.node import CONTROL_PLANE_LABEL, POD_CIDR, Doors, RealNode, node_bin_dir, require_node
+from tests.upgrade.previous import source_of
 
 if TYPE_CHECKING:
     from tests.machineroom.net import Host, Lan
@@ -165,7 +166,7 @@ class PodStack:
             if given:
                 self.previous_commit = resolve_commit(given)
             elif release is not None:
-                self.previous_commit = resolve_commit(release.tag or release.commit)
+                self.previous_commit = source_of(release)  # its tag, or its commit in a clone without tags
             else:
                 self.previous_commit = previous_image_commit()
             if self.previous_commit is not None:
