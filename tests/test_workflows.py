@@ -477,9 +477,9 @@ class _HeldEnd(ActivityInboundInterceptor):
 async def test_a_claims_end_reaches_its_group_only_once_the_task_that_made_it_is_committed() -> None:
     """The group frees a slot, books releases and lists failures on a claim's end: it must hear only an end the
     claim's history holds. Told by a local call, from inside the task that made the move, the end reached the group
-    before that task was committed: a worker killed then left the slot free (a second claim booted on the machine)
-    while the claim's task ran again elsewhere from its last committed state, on newer inputs (that machine on), and
-    went another way. The end is a signal command of the task that made it: the server sends it once that task is
+    before that task was committed: a worker killed then leaves the slot free (a second claim boots on the machine)
+    while the claim's task runs again elsewhere from its last committed state, on newer inputs (that machine on), and
+    may go another way. The end is a signal command of the task that made it: the server sends it once that task is
     committed, once."""
     hold = HoldTheEnd()
     async with open_lab(homelab([slot("s1")])) as lab:
