@@ -123,24 +123,29 @@ async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = 
 # operator's first container exited and the kubelet restarted it (found on the real node, issue 30). Below the
 # manifests' liveness allowance (10 s, then three failures 20 s apart), so waiting never gets the Pod killed.
 START_WAIT_SECONDS = 30.0
+# One try's bound: a Service whose Pod is gone answers a connect with nothing (the kernel retried the SYN for over a
+# minute on the real node), and a silent peer holds the client's first call for 30 s.
+CONNECT_ATTEMPT_SECONDS = 10.0
 
 
 async def connect_at_start(
     temporal: TemporalSettings, metrics: MetricsSettings | None = None, *, within: float = START_WAIT_SECONDS
 ) -> Client:
-    """`connect`, tried again every second while Temporal is unreachable, for at most `within` seconds; the wait is
-    logged once, with the reason. Any other refusal (a namespace it lacks) is said at once."""
+    """`connect`, each try bounded, tried again every second while Temporal is unreachable, for at most `within`
+    seconds; the wait is logged once, with the reason. Any other refusal (a namespace it lacks) is said at once."""
     deadline = time.monotonic() + within
     waiting = False
     while True:
+        attempt = max(1.0, min(CONNECT_ATTEMPT_SECONDS, deadline - time.monotonic()))
         try:
-            client = await connect(temporal, metrics)
-        except TemporalUnreachable as err:
+            client = await asyncio.wait_for(connect(temporal, metrics), attempt)
+        except (TemporalUnreachable, TimeoutError) as err:
+            reason = err.reason if isinstance(err, TemporalUnreachable) else f"no answer within {attempt:.0f} s"
             if time.monotonic() >= deadline:
-                raise
+                raise TemporalUnreachable(temporal.address, reason) from None
             if not waiting:
                 log.warning("Temporal at %s does not answer yet (%s): waiting up to %.0f s", temporal.address,
-                            err.reason, within)  # fmt: skip
+                            reason, within)  # fmt: skip
                 waiting = True
             await asyncio.sleep(1.0)
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from api import contracts as c
 from homelab_autoscaler.devserver import DevServer
-from homelab_autoscaler.temporal import DATA_CONVERTER, START_WAIT_SECONDS
+from homelab_autoscaler.temporal import CONNECT_ATTEMPT_SECONDS, DATA_CONVERTER, START_WAIT_SECONDS
 from tests.procs import BIN, ROOT, free_port, port_open, process, wait_for
 from workflows.group.workflow import GroupWorkflow
 
@@ -137,21 +138,30 @@ async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path)
         await env.shutdown()
 
 
-def test_a_worker_started_before_its_temporal_waits_for_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("before", ["refused", "silent"])
+def test_a_worker_started_before_its_temporal_waits_for_it(before: str, tmp_path: Path) -> None:
     """An install starts the operator's Pod and Temporal's at once: the operator waits for a Temporal that does not
     answer yet (saying so, with the reason) instead of exiting for the kubelet to restart it (the real node saw that
-    restart on every `helm install`), and works once Temporal is up."""
+    restart at `helm install`), and works once Temporal is up. Before it is up, its address refuses, or answers
+    nothing (a Service whose Pod is gone: one connect hung for over a minute on the real node), each try bounded."""
     temporal_port = free_port()
+    silent = socket.socket()  # accepts connections (the kernel's backlog) and never says a word
+    if before == "silent":
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("127.0.0.1", temporal_port))
+        silent.listen(16)
     worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", f"127.0.0.1:{temporal_port}",
               "--kube-server", "http://127.0.0.1:9", "--health-port", "0",
               "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip
     log = tmp_path / "worker.log"
+    reason = {"refused": "Connection refused", "silent": f"no answer within {CONNECT_ATTEMPT_SECONDS:.0f} s"}[before]
     server = DevServer(port=temporal_port, ui_port=free_port(), headless=True, db_file=tmp_path / "temporal.db")
     with process(worker, log=log) as proc:
         wait_for(lambda: "does not answer yet" in log.read_text() or proc.poll() is not None, timeout=60,
                  what="the worker to say it waits for Temporal")  # fmt: skip
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert f"Temporal at 127.0.0.1:{temporal_port} does not answer yet (Connection refused)" in log.read_text()
+        assert f"Temporal at 127.0.0.1:{temporal_port} does not answer yet ({reason})" in log.read_text()
+        silent.close()
         with server:
             wait_for(lambda: "worker polling" in log.read_text() or proc.poll() is not None, timeout=60,
                      what="the worker to poll once Temporal is up")  # fmt: skip

@@ -8,11 +8,14 @@ Each command is docs/install.md's, read from it (tests/realcluster/helm.py):
    `homelab-autoscaler --version` in them the previous release's, Temporal's volume claim bound by local-path;
 2. one boot: a claim applied by hand is booted by the chart's operator Pod through a startup Job whose Pod runs
    busybox's `wget` to the machine room on the real node; the KWOK machine comes up and the claim ends ready;
-3. `helm upgrade --wait` to this checkout's image: both Pods replaced and running it (its version), the new operator
-   holds the watchers' Lease, Temporal kept the claim's workflow on its volume, and the booted claim is untouched:
-   the same object, ready, no second startup Job, no second call to its BMC;
-4. `helm uninstall`: the chart's objects and Pods gone from the node; the CRDs, the Group, the slot and the claim
-   (ready, its finalizer), the namespace and `data-temporal-0` left, the machine still on, as the guide says.
+3. `helm upgrade --wait` to this checkout's image: both Pods replaced and running it (its version), no restart, the
+   new operator holds the watchers' Lease, Temporal kept the claim's workflow on its volume, and the booted claim is
+   untouched: the same object, ready, no second startup Job, no second call to its BMC;
+4. the operator's Pod started while Temporal's is down (what an install or a node's restart may do) waits for it,
+   and runs without a restart once it is up (the real node found it exiting instead);
+5. `helm uninstall`: the chart's objects and Pods gone from the node; the CRDs, the Group, the slot and the claim
+   (ready, its finalizer), the namespace, `data-temporal-0` and the watchers' Lease left, the machine still on, as
+   the guide says.
 
 The previous release first, this checkout's next: that is the upgrade a Helm user makes (docs/upgrades.md), and the
 chart at this checkout runs that image, because the container it renders (command, arguments, environment, ports,
@@ -251,7 +254,40 @@ def test_3_helm_upgrade_to_the_next_image_leaves_the_booted_claim_be(stack: Helm
     assert node_ready(s, SLOT)
 
 
-def test_4_helm_uninstall_leaves_the_crds_the_claim_and_the_machine(stack: HelmPods) -> None:
+def test_4_an_operator_pod_that_starts_before_temporal_waits_for_it(stack: HelmPods) -> None:
+    """What every install and node restart does by chance, made certain: Temporal's StatefulSet scaled to 0, the
+    operator's Pod deleted; the new one (this checkout's image) says it waits for Temporal; Temporal scaled back to
+    the chart's one replica, the operator connects: no restart, the claim as it was."""
+    s = stack
+    assert s.room is not None
+    jobs, calls = s.jobs_created(), list(s.room.calls)
+    with s.phase("operator before Temporal"):
+        s.cluster.kubectl("-n", NS, "scale", "statefulset/temporal", "--replicas=0")
+        # Not waited out: the operator's Pod starts while temporal-0 may still be terminating, whose address then
+        # answers a connect with nothing (one try hung for over a minute here before each try was bounded).
+        wait_until("temporal-0 deleted", lambda: not any(p.metadata.name == "temporal-0" for p in s.chart_pods()),
+                   within=120)  # fmt: skip
+        old = s.operator_pod()
+        s.cluster.kubectl("-n", NS, "delete", "pod", old, "--wait=false")
+
+        def waiting() -> bool:
+            pods = [p.metadata.name for p in s.chart_pods() if p.metadata.name != old]
+            if not pods:
+                return False
+            done = s.cluster.kubectl("-n", NS, "logs", pods[0], check=False)
+            return "does not answer yet" in done.stdout
+
+        wait_until("the new operator Pod to say it waits for Temporal", waiting, within=60)
+        s.cluster.kubectl("-n", NS, "scale", "statefulset/temporal", "--replicas=1")
+        wait_until(f"the chart's Pods running {s.chart_images[1]} again", lambda: s.chart_running(s.chart_images[1]),
+                   within=120)  # fmt: skip
+    assert set(s.restarts().values()) == {0}, s.restarts()
+    claim = s.claim(CLAIM)
+    assert claim is not None and phase(claim) == "ready"
+    assert s.jobs_created() == jobs and s.room.calls == calls
+
+
+def test_5_helm_uninstall_leaves_the_crds_the_claim_and_the_machine(stack: HelmPods) -> None:
     s = stack
     assert s.room is not None
     jobs, calls = s.jobs_created(), list(s.room.calls)
