@@ -43,7 +43,7 @@ from homelab_autoscaler.settings import (
     WorkerSettings,
 )
 from homelab_autoscaler.simulator import SimulatedHomelab, check_homelab
-from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
+from homelab_autoscaler.temporal import build_worker, connect, connect_at_start, missing_search_attributes
 from kube.adapter import Kube, config_problem
 from kube.settings import KubeSettings
 from provider.server import serve as serve_provider
@@ -120,8 +120,9 @@ def stop_on_signals() -> asyncio.Event:
 
 
 async def checked_client(temporal: TemporalSettings, metrics: MetricsSettings | None) -> Client | None:
-    """Connect, and refuse to go on when the search attributes are missing (a workflow would stall)."""
-    client = await connect(temporal, metrics)
+    """Connect (waiting a while for a Temporal that starts beside us), and refuse to go on when the search attributes
+    are missing (a workflow would stall)."""
+    client = await connect_at_start(temporal, metrics)
     missing = await missing_search_attributes(client, temporal.namespace)
     if missing:
         hint = "; ".join(
