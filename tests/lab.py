@@ -218,6 +218,27 @@ class HoldsTheClock(Interceptor):
         return _HoldingTheClock(next, self.client)
 
 
+_TASK_OPENS = {EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
+_TASK_CLOSES = {
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: "workflow_task_completed_event_attributes",
+    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED: "workflow_task_failed_event_attributes",
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: "workflow_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+
+
+def _open_tasks(events: Sequence[HistoryEvent]) -> list[int]:
+    """The event ids of the workflow tasks and activities a history has scheduled and not yet closed."""
+    opened = {e.event_id for e in events if e.event_type in _TASK_OPENS}
+    for e in events:
+        if e.event_type in _TASK_CLOSES:
+            opened.discard(getattr(e, _TASK_CLOSES[e.event_type]).scheduled_event_id)
+    return sorted(opened)
+
+
 class ClockStalled(Exception):
     """The time-skipping server stopped skipping: every skip would take real time from now on."""
 
@@ -436,15 +457,19 @@ class Lab:
         time. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
         the chaos suite loses them anywhere, on the real server.
         """
-        ids = [c.claim_workflow_id(NS, name) for name in claims]
+        # The group first: its children are abandoned when it closes, so none of their ends becomes a task of a
+        # group about to be terminated (the worker's calm cannot see a task scheduled and not yet polled).
+        ids = [c.group_workflow_id(NS, group)]
+        ids += [c.claim_workflow_id(NS, name) for name in claims]
         ids += [c.release_workflow_id(NS, slot) for slot in slots]
-        ids.append(c.group_workflow_id(NS, group))  # the parent last: it hears its children end
         lost = []
         for wid in ids:
             # Before each: a child's end is a task of its parent, and a task or activity out at a terminate locks
-            # the clock (a group lost while it heard its claim end once stranded a test on a loaded machine).
-            await self.in_flight.quiet(activities=True)
+            # the clock (a group lost while it heard its claim end once stranded a test on a loaded machine). The
+            # worker's calm is not enough on a loaded machine: a task the server has scheduled may not be polled yet
+            # (CI once terminated a group whose task was on its way), so the history is asked too.
             handle = self.client.get_workflow_handle(wid)
+            await self._until_no_task_pending(handle)
             try:
                 desc = await handle.describe()
                 if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -456,6 +481,24 @@ class Lab:
                 continue
             lost.append(f"{wid}@{desc.run_id}")
         return lost
+
+    async def _until_no_task_pending(self, handle: WorkflowHandle[Any, Any], within: float = 30.0) -> None:
+        """Wait until the worker is calm and the workflow's history has no workflow task or activity open; a
+        workflow that has ended or never was has none. Fails naming the workflow when `within` runs out."""
+        deadline = time.monotonic() + within
+        while True:
+            await self.in_flight.quiet(activities=True)
+            try:
+                events = [e async for e in handle.fetch_history_events()]
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    return
+                raise
+            if not _open_tasks(events):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{handle.id}: a task stayed open {within:.0f} s: {_open_tasks(events)}")
+            await asyncio.sleep(0.1)
 
     # --- the cluster -------------------------------------------------------------------------------------------
     def claim_resource(self, name: str) -> dict[str, Any] | None:
