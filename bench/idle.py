@@ -76,12 +76,13 @@ def layers() -> list[Layer]:
 
 async def _bare_worker(address: str, queue: str, polls: int, slots: int) -> None:
     """Temporal's own imports only (no module of ours: `homelab_autoscaler.temporal` would bring the workflows and
-    the API models), with the operator's task slots and fixed polls (`homelab_autoscaler.temporal.pollers`)."""
+    the API models), with the operator's task slots and polls (as `homelab_autoscaler.temporal.pollers` builds them)."""
     from temporalio.client import Client
-    from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
+    from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
     from bench.trivial import OneActivity, noop
 
+    polling = PollerBehaviorAutoscaling(minimum=1, maximum=polls, initial=min(5, polls))
     client = await Client.connect(address)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -92,8 +93,8 @@ async def _bare_worker(address: str, queue: str, polls: int, slots: int) -> None
         workflows=[OneActivity],
         activities=[noop],
         max_concurrent_workflow_tasks=slots,
-        workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(polls),
-        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(polls),
+        workflow_task_poller_behavior=polling,
+        activity_task_poller_behavior=polling,
     ):
         print("polling", flush=True)
         await stop.wait()

@@ -133,7 +133,7 @@ class WorkerSettings(BaseModel):
         50,
         ge=1,
         le=500,
-        description="polls held open at once for workflow tasks, and as many for activity tasks (fixed)",
+        description="most polls held at once for workflow tasks, and as many for activity tasks (Temporal scales them)",
     )
     workflow_task_slots: int = Field(
         8,

@@ -23,7 +23,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     Interceptor,
-    PollerBehaviorSimpleMaximum,
+    PollerBehaviorAutoscaling,
     UnsandboxedWorkflowRunner,
     Worker,
     WorkerTuner,
@@ -190,15 +190,13 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
 
 
-def pollers(most: int) -> PollerBehaviorSimpleMaximum:
-    """`most` task polls open at once (for workflow tasks, and as many for activities), each waiting on the server.
+def pollers(most: int) -> PollerBehaviorAutoscaling:
+    """Task polls that Temporal scales between one and `most` (for workflow tasks, and as many for activities).
 
     Five fixed polls (the SDK's default) take one task each per round trip: with 200 claims booting, workflow
-    tasks waited 1-4 s (p50) in the queue while the worker's event loop idled, and P1 was 16 s instead of 3. Polls
-    scaled by Temporal (`PollerBehaviorAutoscaling`) were no faster and woke the SDK's threads ~40 times a second
-    at rest: 6-7 CPU s/h of an idle operator's 15 (issue 34, part 4); open polls cost nothing until a task comes.
+    tasks waited 1-4 s (p50) in the queue while the worker's event loop idled, and P1 was 16 s instead of 3.
     """
-    return PollerBehaviorSimpleMaximum(maximum=most)
+    return PollerBehaviorAutoscaling(minimum=1, maximum=most, initial=min(5, most))
 
 
 # Workflow tasks share one interpreter: the SDK's default of 100 at once let a burst of 300 claims take tasks it
