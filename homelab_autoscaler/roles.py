@@ -25,8 +25,6 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 
 from activities import KubeActivities
-from admission.server import ReviewMetrics, Webhook
-from admission.server import serve as serve_webhook
 from admission.settings import WebhookSettings
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
@@ -212,6 +210,10 @@ async def webhook(p: Process) -> None:
     if not settings.enabled:
         await p.stop.wait()
         return
+    # Here, not at the top: the webhook's server is aiohttp, 9 MB a process without the webhook never needs.
+    from admission.server import ReviewMetrics, Webhook
+    from admission.server import serve as serve_webhook
+
     runtime = p.client.service_client.config.runtime or Runtime.default()
     hook = Webhook(p.kube, ReviewMetrics(meter=runtime.metric_meter))
     await serve_webhook(settings, hook, p.stop)
