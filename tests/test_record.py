@@ -7,7 +7,9 @@ they deliver (a person's edit of a claim's status, a claim no group can take).
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -205,7 +207,11 @@ async def test_a_claim_for_a_slot_or_group_that_does_not_exist_fails_and_touches
                 )
             )  # fmt: skip
             node_writes = _count(lab, lambda r: r.plural == "nodes" and r.group in ("", None) and r.verb in WRITES)
-            await watchers.pump()
+            await pump_until(
+                watchers,
+                lambda: len(watchers.dispatcher.homeless) == 3 and (NS, "g2") in watchers.dispatcher.cluster.groups,
+                "the three homeless claims and group g2",
+            )
             await lab.advance(30)
             assert stored_status(lab, "no-slot") == {}, "not failed within its grace"
             moment[0] += PAST_THE_GRACE
@@ -266,6 +272,18 @@ async def test_a_hand_edit_of_a_claims_status_is_overwritten_with_the_record_and
             watchers.close()
 
 
+async def pump_until(watchers: Watchers, seen: Callable[[], object], what: str, within: float = 10.0) -> None:
+    """Pump the watchers until `seen()`: an object's event reaches them over its watch stream in real time."""
+    deadline = time.monotonic() + within
+    while True:
+        await watchers.pump()
+        if seen():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the watchers did not see {what} in {within:.0f} s")
+        await asyncio.sleep(0.1)
+
+
 async def test_a_claim_whose_slot_arrives_within_its_grace_is_taken_by_its_group() -> None:
     """The grace is for a slot applied beside its claim (another watch's stream may bring it later): a claim whose
     slot shows up in time is not failed; its group takes it over and boots it."""
@@ -276,10 +294,11 @@ async def test_a_claim_whose_slot_arrives_within_its_grace_is_taken_by_its_group
             lab.lab.call(lambda h: h.emulator.delete_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s2"))
             await lab.start_group()
             apply_claim(lab, "early", "s2", requestedAt=None)
-            await watchers.pump()
-            assert watchers.dispatcher.homeless, "no group can take it yet"
+            await pump_until(watchers, lambda: watchers.dispatcher.homeless, "the claim, which no group can take yet")
             lab.lab.call(lambda h: h.seed())  # the slot arrives
-            await watchers.pump()
+            # Its event comes over the watch stream when it comes: the clock moves past the grace only once the
+            # watchers have seen it (CI once moved it first, and the claim was rightly failed as homeless).
+            await pump_until(watchers, lambda: not watchers.dispatcher.homeless, "slot s2 arrive")
             moment[0] += PAST_THE_GRACE
             await watchers.pump()
             await lab.group().signal(GroupWorkflow.refresh)
