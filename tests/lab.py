@@ -218,24 +218,49 @@ class HoldsTheClock(Interceptor):
         return _HoldingTheClock(next, self.client)
 
 
-_TASK_OPENS = {EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
-_TASK_CLOSES = {
-    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: "workflow_task_completed_event_attributes",
-    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED: "workflow_task_failed_event_attributes",
-    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: "workflow_task_timed_out_event_attributes",
-    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
-    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
-    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
-    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+# What a history opens that a later event closes, and whose closing schedules a workflow task: a workflow task, an
+# activity, and a signal to another workflow (its delivery or failure is an event of the sender, then a task).
+_TASK_OPENS = {
+    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+    EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
+}
+_TASK_CLOSES = {  # the closing event, its attributes and the field naming the event it closes
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: ("workflow_task_completed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED: ("workflow_task_failed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: ("workflow_task_timed_out_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("activity_task_completed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: ("activity_task_failed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: ("activity_task_timed_out_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: ("activity_task_canceled_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED: (
+        "external_workflow_execution_signaled_event_attributes",
+        "initiated_event_id",
+    ),
+    EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED: (
+        "signal_external_workflow_execution_failed_event_attributes",
+        "initiated_event_id",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED: (
+        "child_workflow_execution_started_event_attributes",
+        "initiated_event_id",
+    ),
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_FAILED: (
+        "start_child_workflow_execution_failed_event_attributes",
+        "initiated_event_id",
+    ),
 }
 
 
 def _open_tasks(events: Sequence[HistoryEvent]) -> list[int]:
-    """The event ids of the workflow tasks and activities a history has scheduled and not yet closed."""
+    """The event ids of what a history has opened and not yet closed (workflow tasks, activities, signals to other
+    workflows, child starts): each close is an event that schedules a workflow task."""
     opened = {e.event_id for e in events if e.event_type in _TASK_OPENS}
     for e in events:
         if e.event_type in _TASK_CLOSES:
-            opened.discard(getattr(e, _TASK_CLOSES[e.event_type]).scheduled_event_id)
+            attributes, field_name = _TASK_CLOSES[e.event_type]
+            opened.discard(getattr(getattr(e, attributes), field_name))
     return sorted(opened)
 
 
@@ -426,6 +451,24 @@ class Lab:
             return st if st["phase"] == phase else None
 
         return await self.until(check, within=within, step=step, what=f"claim {name} {phase}")  # type: ignore[no-any-return]
+
+    async def wait_heard(self, name: str, phase: str, *, within: float = 30.0) -> None:
+        """Wait (real time; the clock stays) until the group has heard claim `name` reach `phase`. The claim's own
+        status moves first and its group hears by signal, on a task of its own: a test that read the group right
+        after `wait_phase` raced that task (CI once read a failed claim's instance before it carried the error)."""
+        deadline = time.monotonic() + within
+        while True:
+            held = (await self.snapshot())["claims"].get(name)
+            if held is not None and held["phase"] == phase:
+                return
+            if held is None and phase in ("failed", "completed"):  # its end heard: the group keeps no digest of it
+                instances = await self.group().query(GroupWorkflow.instances)
+                errored = any(i.claim == name and i.error_code for i in instances)
+                if phase == "completed" or errored:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the group did not hear claim {name} {phase} within {within:.0f} s: {held}")
+            await asyncio.sleep(0.05)
 
     async def lose_temporal(self) -> None:
         """Temporal's database is wiped: every workflow is gone. The lab goes on with a new, empty server whose clock
