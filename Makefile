@@ -155,9 +155,10 @@ node-bins: ## build (or reuse) the real node's programs from the Go module proxy
 	tests/realcluster/build-node.sh
 
 # The product as a user installs it, on a real node (root; Debian's containerd, runc, CNI plugins, buildah...; the
-# packages are installed when missing): images built from the Dockerfile, deploy/ applied by docs/install.md's commands,
-# the story through real Pods. docs/realcluster.md, "The real node".
-e2e-pods: $(STAMP) cluster-bins node-bins ## the product's images and deploy/ on a real kubelet (root, ~15 min warm)
+# packages are installed when missing): images built from the Dockerfile, the Helm chart installed, upgraded and
+# uninstalled by helm (~2.5 min), deploy/ applied by docs/install.md's commands, the story through real Pods.
+# docs/realcluster.md, "The real node".
+e2e-pods: $(STAMP) cluster-bins node-bins ## the product's images, the chart and deploy/ on a real kubelet (root, ~18 min warm)
 	tests/realcluster/node-packages.sh
 	HOMELAB_E2E_PODS=1 $(BIN)/pytest -m realpods tests/realcluster -v -s -rs -p no:cacheprovider
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -20,16 +21,21 @@ from api import contracts as c
 from api.names import ClaimPhase, JobType
 from bench import floors
 from bench import moves as claim_tasks
+from bench.idle import layers as idle_layers
 from bench.lab import LEASE_RENEW_SECONDS, World, homelab_doc
-from bench.procs import bounded, cpu_seconds, peak_rss_mb, rss_mb, self_cpu_seconds, wait_until
+from bench.procs import Proc, bounded, cpu_seconds, peak_rss_mb, rss_mb, self_cpu_seconds, wait_until
 from bench.report import Report, Row, ms, percentile
 from bench.stages import p1_stages
 from bench.tasks import TaskTrouble, task_trouble
 from bench.trivial import OneActivity
+from homelab_autoscaler.settings import WorkerSettings
 from proto import externalgrpc_pb2 as pb
 from workflows.registry import WORKFLOWS
 
 ECHO_CALLS = 1000
+# Issue 34's idle goals for a homelab's few slots.
+IDLE_RSS_GOAL_MB = 100.0
+IDLE_CPU_GOAL_S_PER_H = 10.0
 
 
 @dataclass
@@ -463,22 +469,32 @@ class Figures:
 
     # --- P5 ----------------------------------------------------------------------------------------------------
     async def p5(self) -> None:
-        """The idle footprint: what a homelab at rest costs, at a few slots and at many."""
+        """The idle footprint: what a homelab at rest costs, at a few slots and at many; at the fewest, the
+        operator's memory and CPU against issue 34's goals, beside a bare Temporal worker at rest in the same
+        window, and where the memory goes."""
         idle = self.sizes.idle_seconds
+        fewest = min(self.sizes.p5_slots)
         for slots in self.sizes.p5_slots:
             print(f"P5: {slots} slots at rest for {idle:.0f} s", flush=True)
             groups = max(1, min(10, slots // 10))
+            bare = self.bare_worker(f"p5-{slots}") if slots == fewest else None
             world = await self.world(f"p5-{slots}", groups, math.ceil(slots / groups), instant=True)
             try:
                 await asyncio.sleep(min(20.0, idle))  # the first sync's reports and the group reloads settle
                 op_cpu, server_cpu, seen = cpu_seconds(world.operator.pid), self.server_cpu(), len(world.requests())
+                bare_cpu = cpu_seconds(bare.pid) if bare else 0.0
                 await asyncio.sleep(idle)
                 op_cpu = cpu_seconds(world.operator.pid) - op_cpu
                 server_cpu = self.server_cpu() - server_cpu
+                bare_cpu = cpu_seconds(bare.pid) - bare_cpu if bare else 0.0
                 requests = world.requests()[seen:]
                 op_mb = world.operator_rss_mb()
+                bare_mb = rss_mb(bare.pid) if bare else 0.0
                 server_mb = rss_mb(self.temporal_pid) if self.temporal_pid else 0.0
             finally:
+                if bare is not None:
+                    bare.stop()
+                    self.report.processes[bare.name] = bare.peak_mb
                 await self.done(world)
             per_hour = 3600.0 / idle
             kinds = Counter(_kind(r) for r in requests)
@@ -501,6 +517,81 @@ class Figures:
             if others:
                 listed = ", ".join(f"{k} {n}" for k, n in sorted(others.items(), key=lambda kv: -kv[1]))
                 self.report.notes.append(f"p5-{slots}: idle requests other than the Lease: {listed}")
+            if bare is not None:
+                await self.idle_goals(slots, idle, op_mb, op_cpu * per_hour, bare_mb, bare_cpu * per_hour)
+
+    def bare_worker(self, tag: str) -> Proc:
+        """A bare Temporal worker (bench.idle) on this server and a queue of its own: the floor of P5's goals."""
+        tuning = WorkerSettings()
+        return Proc(
+            f"bare Temporal worker ({tag})",
+            [
+                sys.executable,
+                "-m",
+                "bench.idle",
+                self.temporal,
+                f"bench-{tag}-bare",
+                str(tuning.task_pollers),
+                str(tuning.workflow_task_slots),
+            ],
+            self.dir / f"bare-worker-{tag}.log",
+        ).start()
+
+    async def idle_goals(
+        self, slots: int, idle: float, op_mb: float, op_cpu_h: float, bare_mb: float, bare_cpu_h: float
+    ) -> None:
+        """Issue 34's idle goals at `slots` slots: RSS and CPU against a bare worker measured in the same window,
+        and the operator's memory by layer (imports in a fresh interpreter; the rest is what running holds)."""
+        layers = await asyncio.to_thread(idle_layers)
+        imports = layers[-1].total_mb
+        kube = next(layer for layer in layers if layer.name == "Kubernetes client")
+        floor_mb = bare_mb + kube.added_mb
+        self.report.add(
+            Row(
+                f"P5 operator RSS at rest, {slots} slots",
+                f"{op_mb:.0f} MB",
+                f"bare Temporal worker at rest {bare_mb:.0f} MB + the Kubernetes client's import {kube.added_mb:.0f} MB"
+                f" = {floor_mb:.0f} MB",
+                op_mb / floor_mb,
+                f"≤ {IDLE_RSS_GOAL_MB:.0f} MB",
+                {"operator_mb": op_mb, "bare_worker_mb": bare_mb, "kube_client_mb": kube.added_mb},
+            )
+        )
+        tick = 3600.0 / idle / os.sysconf("SC_CLK_TCK")  # one clock tick in the window, in CPU s/h
+        self.report.add(
+            Row(
+                f"P5 operator CPU at rest, {slots} slots (measured over {idle:.0f} s)",
+                f"{op_cpu_h:.1f} CPU s/h",
+                f"bare Temporal worker at rest {bare_cpu_h:.1f} CPU s/h"
+                + (f" (under one clock tick in the window: ratio against {tick:.1f})" if bare_cpu_h < tick else ""),
+                op_cpu_h / max(bare_cpu_h, tick),
+                f"≤ {IDLE_CPU_GOAL_S_PER_H:.0f} CPU s/h",
+                {"operator_cpu_s_per_h": op_cpu_h, "bare_worker_cpu_s_per_h": bare_cpu_h},
+            )
+        )
+        self.report.add(
+            Row(
+                f"P5 where the operator's memory goes, {slots} slots",
+                " + ".join(f"{layer.name} {layer.added_mb:.1f}" for layer in layers)
+                + f" = imports {imports:.0f} MB; running (Temporal's Rust runtime and connections, threads, caches,"
+                f" the code it touches) {op_mb - imports:.0f} MB",
+                "each layer imported alone: " + ", ".join(f"{layer.name} {layer.alone_mb:.1f}" for layer in layers),
+                op_mb / imports,
+                "printed",
+                {"layers": [vars(layer) for layer in layers], "running_mb": op_mb - imports},
+            )
+        )
+        if op_mb > IDLE_RSS_GOAL_MB:
+            self.report.notes.append(
+                f"p5-{slots}: RSS {op_mb:.0f} MB against the goal of {IDLE_RSS_GOAL_MB:.0f}: a bare Temporal worker"
+                f" at rest is {bare_mb:.0f} MB and the Kubernetes client's import adds {kube.added_mb:.0f} MB"
+                f" ({floor_mb:.0f} MB before any code of ours); our roles' imports add {layers[-1].added_mb:.0f} MB"
+            )
+        if op_cpu_h > IDLE_CPU_GOAL_S_PER_H:
+            self.report.notes.append(
+                f"p5-{slots}: CPU {op_cpu_h:.1f} s/h against the goal of {IDLE_CPU_GOAL_S_PER_H:.0f}: a bare Temporal"
+                f" worker at rest uses {bare_cpu_h:.1f} s/h in the same window"
+            )
 
     def task_row(self) -> None:
         """Workflow tasks timed out or failed in each figure's workflows (the goal is none)."""

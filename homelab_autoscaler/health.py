@@ -14,8 +14,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from aiohttp import web
-
 log = logging.getLogger(__name__)
 
 # How often a dependency is pinged, and how long one ping may take before it counts as unreachable.
@@ -83,15 +81,24 @@ class Reachability:
         return Probe(self.name, self.describe)
 
 
+# A probe's request: its head must arrive within this, and be no longer than the stream reader's limit (64 KiB).
+REQUEST_TIMEOUT = 5.0
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
 class HealthServer:
-    """`/healthz` and `/readyz` on one small aiohttp server; `/readyz` lists every probe that fails."""
+    """`/healthz` and `/readyz` on a small HTTP/1.1 server of asyncio's own; `/readyz` lists every probe that fails.
+
+    Two plain-text GETs answered from memory need no web framework: aiohttp, imported for them, was 9 MB of an idle
+    operator's 128 (issue 34, part 4); the admission webhook, which needs it, imports it when it is enabled.
+    """
 
     def __init__(self, host: str, port: int, *, alive: Callable[[], str] | None = None) -> None:
         self.host = host
         self.port = port
         self.alive = alive or (lambda: "")
         self.probes: list[Probe] = []
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
 
     def add(self, probe: Probe) -> None:
         self.probes.append(probe)
@@ -99,29 +106,51 @@ class HealthServer:
     def failing(self) -> list[str]:
         return [f"{p.name}: {why}" for p in self.probes if (why := p.check())]
 
-    async def _healthz(self, _: web.Request) -> web.Response:
-        why = self.alive()
-        return web.Response(status=503 if why else 200, text=f"{why or 'ok'}\n")
-
-    async def _readyz(self, _: web.Request) -> web.Response:
+    def answer(self, method: str, target: str) -> tuple[int, str]:
+        """The status and text for one request line's method and target (a query string is ignored)."""
+        path = target.split("?", 1)[0]
+        if path not in ("/healthz", "/readyz"):
+            return 404, "not found: /healthz or /readyz\n"
+        if method not in ("GET", "HEAD"):
+            return 405, f"{method} not allowed: GET or HEAD\n"
+        if path == "/healthz":
+            why = self.alive()
+            return (503 if why else 200), f"{why or 'ok'}\n"
         failing = self.failing()
-        return web.Response(status=503 if failing else 200, text="\n".join(failing or ["ok"]) + "\n")
+        return (503 if failing else 200), "\n".join(failing or ["ok"]) + "\n"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request per connection: read its head (bounded in time and size), answer, close."""
+        method = ""
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+                method, target, _version = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+                status, text = self.answer(method, target)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+                status, text = 400, "bad request: one HTTP/1.1 GET of /healthz or /readyz\n"
+            body = text.encode()
+            writer.write(
+                f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
+                + (b"" if method == "HEAD" else body)
+            )
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            pass  # the prober went away or stopped reading: nothing to answer
+        finally:
+            writer.close()
 
     async def start(self) -> int:
         """Serve; returns the bound port (useful when `port` is 0)."""
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        sockets = self._server.sockets or ()
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None

@@ -25,8 +25,6 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 
 from activities import KubeActivities
-from admission.server import ReviewMetrics, Webhook
-from admission.server import serve as serve_webhook
 from admission.settings import WebhookSettings
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
@@ -43,7 +41,7 @@ from homelab_autoscaler.settings import (
     WorkerSettings,
 )
 from homelab_autoscaler.simulator import SimulatedHomelab, check_homelab
-from homelab_autoscaler.temporal import build_worker, connect, missing_search_attributes
+from homelab_autoscaler.temporal import build_worker, connect, connect_at_start, missing_search_attributes
 from kube.adapter import Kube, config_problem
 from kube.settings import KubeSettings
 from provider.server import serve as serve_provider
@@ -120,8 +118,9 @@ def stop_on_signals() -> asyncio.Event:
 
 
 async def checked_client(temporal: TemporalSettings, metrics: MetricsSettings | None) -> Client | None:
-    """Connect, and refuse to go on when the search attributes are missing (a workflow would stall)."""
-    client = await connect(temporal, metrics)
+    """Connect (waiting a while for a Temporal that starts beside us), and refuse to go on when the search attributes
+    are missing (a workflow would stall)."""
+    client = await connect_at_start(temporal, metrics)
     missing = await missing_search_attributes(client, temporal.namespace)
     if missing:
         hint = "; ".join(
@@ -211,6 +210,10 @@ async def webhook(p: Process) -> None:
     if not settings.enabled:
         await p.stop.wait()
         return
+    # Here, not at the top: the webhook's server is aiohttp, 9 MB a process without the webhook never needs.
+    from admission.server import ReviewMetrics, Webhook
+    from admission.server import serve as serve_webhook
+
     runtime = p.client.service_client.config.runtime or Runtime.default()
     hook = Webhook(p.kube, ReviewMetrics(meter=runtime.metric_meter))
     await serve_webhook(settings, hook, p.stop)

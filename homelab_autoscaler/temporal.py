@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import logging
 import pkgutil
 import re
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -116,6 +118,42 @@ async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = 
     return client
 
 
+# How long a role waits at its start for a Temporal that does not answer yet, before the one line and exit 1. An
+# install starts Temporal's Pod beside the operator's (`helm install`, `kubectl apply -k`): without the wait the
+# operator's first container exited and the kubelet restarted it (found on the real node, issue 30). Below the
+# manifests' liveness allowance (10 s, then three failures 20 s apart), so waiting never gets the Pod killed.
+START_WAIT_SECONDS = 30.0
+# One try's bound: a Service whose Pod is gone answers a connect with nothing (the kernel retried the SYN for over a
+# minute on the real node), and a silent peer holds the client's first call for 30 s.
+CONNECT_ATTEMPT_SECONDS = 10.0
+
+
+async def connect_at_start(
+    temporal: TemporalSettings, metrics: MetricsSettings | None = None, *, within: float = START_WAIT_SECONDS
+) -> Client:
+    """`connect`, each try bounded, tried again every second while Temporal is unreachable, for at most `within`
+    seconds; the wait is logged once, with the reason. Any other refusal (a namespace it lacks) is said at once."""
+    deadline = time.monotonic() + within
+    waiting = False
+    while True:
+        attempt = max(1.0, min(CONNECT_ATTEMPT_SECONDS, deadline - time.monotonic()))
+        try:
+            client = await asyncio.wait_for(connect(temporal, metrics), attempt)
+        except (TemporalUnreachable, TimeoutError) as err:
+            reason = err.reason if isinstance(err, TemporalUnreachable) else f"no answer within {attempt:.0f} s"
+            if time.monotonic() >= deadline:
+                raise TemporalUnreachable(temporal.address, reason) from None
+            if not waiting:
+                log.warning("Temporal at %s does not answer yet (%s): waiting up to %.0f s", temporal.address,
+                            reason, within)  # fmt: skip
+                waiting = True
+            await asyncio.sleep(1.0)
+            continue
+        if waiting:
+            log.info("Temporal at %s answers", temporal.address)
+        return client
+
+
 async def require_namespace(client: Client, temporal: TemporalSettings) -> None:
     """A namespace Temporal does not have is a mistake in a setting: one line naming it, before anything is asked
     of it (a list or a worker's poll failed with a page of the SDK's frames). Only NOT_FOUND says so: a
@@ -136,9 +174,10 @@ class TemporalUnreachable(RuntimeError):
     """Temporal did not answer the connection: said in one line, with the Rust client's error cut to its reason."""
 
     def __init__(self, address: str, error: str) -> None:
-        reason = re.search(r'message: "([^"]+)"', error) or re.search(r'error: "([^"]+)"', error)
+        found = re.search(r'message: "([^"]+)"', error) or re.search(r'error: "([^"]+)"', error)
+        self.reason = found.group(1) if found else error
         super().__init__(
-            f"cannot reach Temporal at {address}: {reason.group(1) if reason else error}. Is it running "
+            f"cannot reach Temporal at {address}: {self.reason}. Is it running "
             "(`make run` starts one)? --temporal-address names another"
         )
 

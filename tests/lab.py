@@ -218,6 +218,52 @@ class HoldsTheClock(Interceptor):
         return _HoldingTheClock(next, self.client)
 
 
+# What a history opens that a later event closes, and whose closing schedules a workflow task: a workflow task, an
+# activity, and a signal to another workflow (its delivery or failure is an event of the sender, then a task).
+_TASK_OPENS = {
+    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+    EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
+}
+_TASK_CLOSES = {  # the closing event, its attributes and the field naming the event it closes
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: ("workflow_task_completed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED: ("workflow_task_failed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: ("workflow_task_timed_out_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("activity_task_completed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: ("activity_task_failed_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: ("activity_task_timed_out_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: ("activity_task_canceled_event_attributes", "scheduled_event_id"),
+    EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED: (
+        "external_workflow_execution_signaled_event_attributes",
+        "initiated_event_id",
+    ),
+    EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED: (
+        "signal_external_workflow_execution_failed_event_attributes",
+        "initiated_event_id",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED: (
+        "child_workflow_execution_started_event_attributes",
+        "initiated_event_id",
+    ),
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_FAILED: (
+        "start_child_workflow_execution_failed_event_attributes",
+        "initiated_event_id",
+    ),
+}
+
+
+def _open_tasks(events: Sequence[HistoryEvent]) -> list[int]:
+    """The event ids of what a history has opened and not yet closed (workflow tasks, activities, signals to other
+    workflows, child starts): each close is an event that schedules a workflow task."""
+    opened = {e.event_id for e in events if e.event_type in _TASK_OPENS}
+    for e in events:
+        if e.event_type in _TASK_CLOSES:
+            attributes, field_name = _TASK_CLOSES[e.event_type]
+            opened.discard(getattr(getattr(e, attributes), field_name))
+    return sorted(opened)
+
+
 class ClockStalled(Exception):
     """The time-skipping server stopped skipping: every skip would take real time from now on."""
 
@@ -434,6 +480,24 @@ class Lab:
 
         return await self.until(check, within=within, step=step, what=f"claim {name} {phase}")  # type: ignore[no-any-return]
 
+    async def wait_heard(self, name: str, phase: str, *, within: float = 30.0) -> None:
+        """Wait (real time; the clock stays) until the group has heard claim `name` reach `phase`. The claim's own
+        status moves first and its group hears by signal, on a task of its own: a test that read the group right
+        after `wait_phase` raced that task (CI once read a failed claim's instance before it carried the error)."""
+        deadline = time.monotonic() + within
+        while True:
+            held = (await self.snapshot())["claims"].get(name)
+            if held is not None and held["phase"] == phase:
+                return
+            if held is None and phase in ("failed", "completed"):  # its end heard: the group keeps no digest of it
+                instances = await self.group().query(GroupWorkflow.instances)
+                errored = any(i.claim == name and i.error_code for i in instances)
+                if phase == "completed" or errored:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the group did not hear claim {name} {phase} within {within:.0f} s: {held}")
+            await asyncio.sleep(0.05)
+
     async def lose_temporal(self) -> None:
         """Temporal's database is wiped: every workflow is gone. The lab goes on with a new, empty server whose clock
         is first moved to the old one's time, and a new worker on it (the old one is stopped first, so nothing it ran
@@ -462,15 +526,19 @@ class Lab:
         time. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
         the chaos suite loses them anywhere, on the real server.
         """
-        ids = [c.claim_workflow_id(NS, name) for name in claims]
+        # The group first: its children are abandoned when it closes, so none of their ends becomes a task of a
+        # group about to be terminated (the worker's calm cannot see a task scheduled and not yet polled).
+        ids = [c.group_workflow_id(NS, group)]
+        ids += [c.claim_workflow_id(NS, name) for name in claims]
         ids += [c.release_workflow_id(NS, slot) for slot in slots]
-        ids.append(c.group_workflow_id(NS, group))  # the parent last: it hears its children end
         lost = []
         for wid in ids:
             # Before each: a child's end is a task of its parent, and a task or activity out at a terminate locks
-            # the clock (a group lost while it heard its claim end once stranded a test on a loaded machine).
-            await self.in_flight.quiet(activities=True)
+            # the clock (a group lost while it heard its claim end once stranded a test on a loaded machine). The
+            # worker's calm is not enough on a loaded machine: a task the server has scheduled may not be polled yet
+            # (CI once terminated a group whose task was on its way), so the history is asked too.
             handle = self.client.get_workflow_handle(wid)
+            await self._until_no_task_pending(handle)
             try:
                 desc = await handle.describe()
                 if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -482,6 +550,24 @@ class Lab:
                 continue
             lost.append(f"{wid}@{desc.run_id}")
         return lost
+
+    async def _until_no_task_pending(self, handle: WorkflowHandle[Any, Any], within: float = 30.0) -> None:
+        """Wait until the worker is calm and the workflow's history has no workflow task or activity open; a
+        workflow that has ended or never was has none. Fails naming the workflow when `within` runs out."""
+        deadline = time.monotonic() + within
+        while True:
+            await self.in_flight.quiet(activities=True)
+            try:
+                events = [e async for e in handle.fetch_history_events()]
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    return
+                raise
+            if not _open_tasks(events):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{handle.id}: a task stayed open {within:.0f} s: {_open_tasks(events)}")
+            await asyncio.sleep(0.1)
 
     # --- the cluster -------------------------------------------------------------------------------------------
     def claim_resource(self, name: str) -> dict[str, Any] | None:

@@ -43,6 +43,9 @@ ROWS = (
     "P1 staggered",
     "P2 Temporal server CPU per claim",
     "P5 idle footprint",
+    "P5 operator RSS at rest",
+    "P5 operator CPU at rest",
+    "P5 where the operator's memory goes",
     "Workflow tasks timed out",
 )
 

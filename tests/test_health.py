@@ -77,6 +77,38 @@ async def test_readyz_lists_every_failing_probe_and_healthz_stays_up() -> None:
         await health.stop()
 
 
+async def raw(port: int, request: bytes) -> bytes:
+    """What the server sends back for `request` sent as is (then our side closed), until it closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        writer.write_eof()
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_the_health_server_answers_what_a_prober_sends_and_refuses_the_rest() -> None:
+    """Its own small HTTP server (no aiohttp): HEAD has no body, a query string is ignored, another path is 404,
+    another method 405, and a request line that is not HTTP a 400; each answer closes the connection."""
+    health = HealthServer("127.0.0.1", 0, alive=lambda: "")
+    port = await health.start()
+    try:
+        answer = await raw(port, b"GET /healthz?verbose=1 HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.35\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nok\n"), answer
+        assert b"Content-Length: 3\r\n" in answer and b"Connection: close\r\n" in answer
+        head = await raw(port, b"HEAD /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n"), head
+        assert (await raw(port, b"GET /metrics HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404 ")
+        assert (await raw(port, b"POST /readyz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405 ")
+        assert (await raw(port, b"nonsense\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+        assert (await raw(port, b"GET /healthz HTTP/1.1\r\n")).startswith(b"HTTP/1.1 400 ")  # closed mid-head
+        assert await get(port, "/healthz") == (200, "ok\n")  # and a real client still gets its answer
+    finally:
+        await health.stop()
+
+
 async def test_temporal_down_is_unreachable_and_the_provider_says_unavailable(emulator: EmulatorServer) -> None:
     port = closed_port()
     client = await Client.connect(f"127.0.0.1:{port}", data_converter=DATA_CONVERTER, lazy=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -196,6 +197,40 @@ async def test_the_process_path_with_threads_reports_a_change(emulator: Emulator
         await asyncio.wait_for(task, 15)
     lease = kube.get_lease(NS, "watch")
     assert lease is not None and not lease["spec"].get("holderIdentity"), "released on stop"
+
+
+class SlowToLetGo(Kube):
+    """The adapter, but the release's write returns only after `linger` seconds (a slow API server's answer)."""
+
+    def __init__(self, kube: Kube, linger: float) -> None:
+        super().__init__(kube.api_client, timeout=kube.timeout)
+        self.linger = linger
+
+    def patch_lease(self, namespace: str, name: str, spec: Mapping[str, Any], resource_version: str) -> Any:
+        out = super().patch_lease(namespace, name, spec, resource_version)
+        if "holderIdentity" in spec and spec["holderIdentity"] is None:
+            time.sleep(self.linger)
+        return out
+
+
+async def test_the_process_stops_ticking_the_lease_before_it_releases_it(emulator: EmulatorServer, kube: Kube) -> None:
+    """CI once found the Lease held after a clean stop: the renew loop, still running while the release was on its
+    way, read the Lease free and took it again. Here the release's answer is slow and the loop ticks every 10 ms,
+    so a loop still running at the release always takes the Lease back."""
+    World(emulator).slot("s1")
+    slow = SlowToLetGo(kube, linger=0.5)
+    w = Watchers(kube, Quiet(), namespaces=[NS], elector=LeaderElector(slow, NS, "watch", "solo", LEASE), window=2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(w.run(stop, renew_every=0.01))
+    deadline = time.monotonic() + 10
+    while not w.dispatcher.acting:
+        assert time.monotonic() < deadline, "leading within 10 s of start"
+        await asyncio.sleep(0.02)
+    stop.set()
+    await asyncio.wait_for(task, 15)
+    await asyncio.sleep(0.1)  # a tick that outlived the stop would have written by now
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and not lease["spec"].get("holderIdentity"), "released on stop, and not taken again"
 
 
 async def test_the_process_hands_over_to_its_watch_threads_after_one_listing_however_busy_the_cluster(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from temporalio.api.failure.v1 import Failure
 from temporalio.common import SearchAttributeKey
@@ -17,8 +19,9 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import WorkflowEnvironment
 
 from api import contracts as c
-from homelab_autoscaler.temporal import DATA_CONVERTER
-from tests.procs import BIN, free_port, port_open, process, wait_for
+from homelab_autoscaler.devserver import DevServer
+from homelab_autoscaler.temporal import CONNECT_ATTEMPT_SECONDS, DATA_CONVERTER, START_WAIT_SECONDS
+from tests.procs import BIN, ROOT, free_port, port_open, process, wait_for
 from workflows.group.workflow import GroupWorkflow
 
 NS = "homelab-autoscaler-system"
@@ -133,6 +136,47 @@ async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path)
         assert "search attributes missing" in out and "temporal operator search-attribute create" in out
     finally:
         await env.shutdown()
+
+
+@pytest.mark.parametrize("before", ["refused", "silent"])
+def test_a_worker_started_before_its_temporal_waits_for_it(before: str, tmp_path: Path) -> None:
+    """An install starts the operator's Pod and Temporal's at once: the operator waits for a Temporal that does not
+    answer yet (saying so, with the reason) instead of exiting for the kubelet to restart it (the real node saw that
+    restart at `helm install`), and works once Temporal is up. Before it is up, its address refuses, or answers
+    nothing (a Service whose Pod is gone: one connect hung for over a minute on the real node), each try bounded."""
+    temporal_port = free_port()
+    silent = socket.socket()  # accepts connections (the kernel's backlog) and never says a word
+    if before == "silent":
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("127.0.0.1", temporal_port))
+        silent.listen(16)
+    worker = [str(BIN / "homelab-autoscaler"), "worker", "--temporal-address", f"127.0.0.1:{temporal_port}",
+              "--kube-server", "http://127.0.0.1:9", "--health-port", "0",
+              "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip
+    log = tmp_path / "worker.log"
+    reason = {"refused": "Connection refused", "silent": f"no answer within {CONNECT_ATTEMPT_SECONDS:.0f} s"}[before]
+    server = DevServer(port=temporal_port, ui_port=free_port(), headless=True, db_file=tmp_path / "temporal.db")
+    with process(worker, log=log) as proc:
+        wait_for(lambda: "does not answer yet" in log.read_text() or proc.poll() is not None, timeout=60,
+                 what="the worker to say it waits for Temporal")  # fmt: skip
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert f"Temporal at 127.0.0.1:{temporal_port} does not answer yet ({reason})" in log.read_text()
+        silent.close()
+        with server:
+            wait_for(lambda: "worker polling" in log.read_text() or proc.poll() is not None, timeout=60,
+                     what="the worker to poll once Temporal is up")  # fmt: skip
+            assert proc.poll() is None, log.read_text()[-2000:]
+        assert f"Temporal at 127.0.0.1:{temporal_port} answers" in log.read_text()
+
+
+def test_the_wait_for_temporal_fits_in_the_manifests_liveness_allowance() -> None:
+    """The kubelet kills a container whose /healthz failed `failureThreshold` times in a row; a role waiting for
+    Temporal serves no /healthz yet, so its wait must end before deploy/'s liveness probe would kill it."""
+    (deployment,) = [d for d in yaml.safe_load_all((ROOT / "deploy" / "base" / "operator.yaml").read_text())
+                     if d and d["kind"] == "Deployment"]  # fmt: skip
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
+    killed_after = probe["initialDelaySeconds"] + probe["periodSeconds"] * (probe["failureThreshold"] - 1)
+    assert killed_after > START_WAIT_SECONDS
 
 
 def test_a_bad_setting_is_one_clear_line(tmp_path: Path) -> None:

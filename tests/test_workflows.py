@@ -116,6 +116,7 @@ async def test_startup_job_failed() -> None:
         name = await one_claim(lab)
         st = await lab.wait_phase(name, "failed", within=3 * MIN)
         assert st["reason"] == "StartupJobFailed"
+        await lab.wait_heard(name, "failed")
         instances = await lab.group().query(GroupWorkflow.instances)
         assert instances[0].error_code == "startup-job-failed"
         # The errored instance stays in the target until cluster-autoscaler deletes it: its scale-up is still in
@@ -146,6 +147,7 @@ async def test_a_failed_boot_says_why_where_people_look_and_no_history_holds_the
         assert (ready["status"], ready["reason"], ready["message"]) == ("False", "StartupJobFailed", said), ready
         (failed,) = [e["message"] for e in lab.events(name) if e["reason"] == "ClaimFailed"]
         assert failed.startswith(said) and WORDS in failed, failed
+        await lab.wait_heard(name, "failed")
         (instance,) = await lab.group().query(GroupWorkflow.instances)
         assert said in instance.error_message, instance.error_message
         # The Failed close: the reason leads, the exit code follows, then where the last words are; no stack trace.
@@ -353,6 +355,7 @@ async def test_a_hand_applied_claim_past_the_limit_fails_before_a_machine_is_bou
         st = await lab.wait_phase("s1-by-hand", "failed", within=MIN, step=5)
         assert (st["attempt"], st["reason"]) == (TIMINGS.max_consecutive_attempts + 1, "AttemptLimitExceeded")
         assert lab.jobs("s1") == []
+        await lab.wait_heard("s1-by-hand", "failed")
         (instance,) = await lab.group().query(GroupWorkflow.instances)
         assert (instance.error_class, instance.error_code) == (1, "no-capacity")
 

@@ -154,13 +154,16 @@ class Watchers:
             except Exception:  # one bad event must not stop the watchers; the resync repairs what it missed
                 log.exception("handling %s %s failed", tagged.event.type, tagged.source.name)
 
-    async def _leadership(self, every: float) -> None:
-        while True:
+    async def _leadership(self, every: float, stopping: asyncio.Event) -> None:
+        """Tick the Lease until `stopping`; it ends between ticks, never inside one. A tick is a thread that a
+        cancel does not stop: one left running past the release read the Lease free and took it again."""
+        while not stopping.is_set():
             try:
                 await self.lead()
             except Exception:
                 log.exception("leader election tick failed")
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), every)
 
     async def _write_reports(self, dirty: asyncio.Event) -> None:
         """The reports the events made dirty, written after the signals those events sent, coalesced per slot and
@@ -221,10 +224,11 @@ class Watchers:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Tagged] = asyncio.Queue()
         self._start_threads(loop, queue)
+        stopping = asyncio.Event()
+        lease = asyncio.create_task(self._leadership(renew_every, stopping), name="lease")
         tasks = [
             asyncio.create_task(self._consume(queue), name="watch events"),
             asyncio.create_task(self._write_reports(dirty), name="reports"),
-            asyncio.create_task(self._leadership(renew_every), name="lease"),
             asyncio.create_task(self._expiry(), name="report expiry"),
             asyncio.create_task(self._refuse_homeless(), name="claims no group takes"),
         ]
@@ -233,12 +237,20 @@ class Watchers:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.dispatcher.settle(), 5)  # signals in flight land before the stop
-            await self.stop_leading()
+            self.dispatcher.stop_acting()
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            # The last tick ends before the release: after it, nothing here writes the Lease again.
+            stopping.set()
+            bound = 2 * self.kube.timeout + 1  # a tick is at most a read and a write, each with its timeout
+            try:
+                await asyncio.wait_for(lease, bound)
+            except Exception:
+                log.warning("the Lease's last tick did not end within %.0f s; releasing anyway", bound)
+            await self.stop_leading()
             self.close()
 
     def close(self) -> None:

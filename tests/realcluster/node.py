@@ -100,14 +100,17 @@ def require_node(programs: tuple[str, ...] = NODE_PROGRAMS) -> Path:
 # --- configuration, rendered (pure: tests/test_realnode.py) ---------------------------------------------------------
 @dataclass(frozen=True)
 class Layout:
-    """Where one node keeps everything, under its run directory."""
+    """Where one node keeps everything, under its run directory. `prefix` names what it makes outside that directory
+    (its network namespace, its cgroups): a tier of its own running beside another on the shared machine takes its
+    own, so neither run's inventory counts the other's node as its leftovers."""
 
     dir: Path
     run_id: str
+    prefix: str = PREFIX
 
     @property
     def netns(self) -> str:
-        return f"{PREFIX}{self.run_id}"
+        return f"{self.prefix}{self.run_id}"
 
     @property
     def netns_path(self) -> Path:
@@ -115,7 +118,7 @@ class Layout:
 
     @property
     def cgroup_root(self) -> str:
-        return f"/{PREFIX}{self.run_id}"
+        return f"/{self.prefix}{self.run_id}"
 
     @property
     def containerd(self) -> Path:
@@ -204,7 +207,7 @@ def cni_config(layout: Layout) -> dict[str, Any]:
     """The bridge network: one /24 on the bridge, routes for everything through it (the node routes nowhere)."""
     return {
         "cniVersion": "0.4.0",
-        "name": f"{PREFIX}pods",
+        "name": f"{layout.prefix}pods",
         "plugins": [
             {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]], "routes": [{"dst": "0.0.0.0/0"}],
@@ -341,6 +344,7 @@ class RealNode:
     doors: Doors
     sandbox_image: str
     bins: Path = field(default_factory=lambda: require_node(("kubelet", "kube-proxy")))
+    prefix: str = PREFIX  # of its namespace and cgroups (Layout)
     layout: Layout = field(init=False)
     procs: list[Proc] = field(default_factory=list)
     cluster: Cluster | None = None
@@ -351,7 +355,7 @@ class RealNode:
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.layout = Layout(self.dir, secrets.token_hex(3))
+        self.layout = Layout(self.dir, secrets.token_hex(3), self.prefix)
 
     # --- before the control plane ---------------------------------------------------------------------------------
     def prepare(self, authority: pki.Authority) -> tuple[str, ...]:

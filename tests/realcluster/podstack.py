@@ -28,7 +28,17 @@ from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binar
 from tests.realcluster.executor import Executor, Machine
 from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit, resolve_commit
 from tests.realcluster.machineroom import MachineRoom
-from tests.realcluster.node import CONTROL_PLANE_LABEL, POD_CIDR, Doors, RealNode, node_bin_dir, require_node
+from tests.realcluster.node import (
+    CONTROL_PLANE_LABEL,
+    NODE_IP,
+    POD_CIDR,
+    PREFIX,
+    Doors,
+    RealNode,
+    node_bin_dir,
+    require_node,
+)
+from tests.realcluster.stack import Homelab, homelab_objects
 from tests.upgrade.previous import source_of
 
 if TYPE_CHECKING:
@@ -39,6 +49,7 @@ PREVIOUS = "homelab-autoscaler-previous"
 HERE = Path(__file__).resolve().parent
 ADDONS = HERE / "addons"
 TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+MACHINE_ROOM = f"http://machine-room.{NS}.svc:9052"
 
 
 @dataclass
@@ -109,6 +120,7 @@ class LogKeeper:
 class PodStack:
     dir: Path
     with_operator_image: bool = True
+    prefix: str = PREFIX  # of the node's network namespace and cgroups: a tier's own, on a shared machine
     timings: dict[str, float] = field(default_factory=dict)
     builder: Builder = field(init=False)
     registry: Registry = field(init=False)
@@ -199,7 +211,7 @@ class PodStack:
                 self.cluster = Cluster(self.dir / "cluster", bins=bin_dir())
                 doors = Doors(api_port=self.cluster.port, registry=self.registry.address,
                               machine_room_port=self.machine_room_port)  # fmt: skip
-                self.node = RealNode(self.dir / "node", doors, sandbox_image=self.images["pause"])
+                self.node = RealNode(self.dir / "node", doors, sandbox_image=self.images["pause"], prefix=self.prefix)
                 self.cluster.apiserver_extra_args += self.node.prepare(self.cluster.pki)
                 self.cluster.start()
                 self.node.start(self.cluster)
@@ -354,3 +366,46 @@ class PodStack:
         phase = wait_until(f"Pod {namespace}/{name} to end", ended, within=within)
         log = self.cluster.kubectl("-n", namespace, "logs", name).stdout
         return f"{phase}\n{log}"
+
+
+# --- the power Jobs' side of the machine room ------------------------------------------------------------------------
+def power_spec(s: PodStack, operation: str) -> dict[str, Any]:
+    """A slot's power pod spec as a user writes one: busybox's wget calls the machine room (a BMC's API) through
+    its Service; an answer other than 200 fails the Job with exit code 3 and says so in the termination message."""
+    script = (
+        f'wget -q -O - --post-data= "{MACHINE_ROOM}/machines/$HOMELAB_SLOT/{operation}" '
+        f'|| {{ echo "the BMC of $HOMELAB_SLOT did not answer" > /dev/termination-log; exit 3; }}'
+    )
+    return {
+        "image": s.images["busybox"],
+        "command": ["sh", "-c", script],
+        "nodeSelector": {CONTROL_PLANE_LABEL: ""},
+        "tolerations": TOLERATE_CONTROL_PLANE,
+        "activeDeadlineSeconds": 120,
+        "backoffLimit": 0,
+        # As deploy/examples/nodes.yaml: longer than any outage of the story (docs/operations.md, "Its Job is gone").
+        "ttlSecondsAfterFinished": 600,
+    }
+
+
+def machine_room_service(port: int) -> list[dict[str, Any]]:
+    """The Service the power Jobs call, its endpoint the node's door to the machine room on the loopback."""
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "machine-room", "namespace": NS},
+         "spec": {"ports": [{"name": "http", "port": 9052, "targetPort": port}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "machine-room", "namespace": NS,
+                      "labels": {"kubernetes.io/service-name": "machine-room"}},
+         "addressType": "IPv4", "endpoints": [{"addresses": [NODE_IP]}],
+         "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
+    ]  # fmt: skip
+
+
+def powered(s: PodStack, homelab: Homelab) -> list[dict[str, Any]]:
+    """The Groups and slots a user applies for `homelab`, each slot's power Jobs calling the machine room."""
+    docs = homelab_objects(homelab)
+    for doc in docs:
+        if doc["kind"] == "Node":
+            doc["spec"]["startupPodSpec"] = power_spec(s, "on")
+            doc["spec"]["shutdownPodSpec"] = power_spec(s, "off")
+    return docs

@@ -30,8 +30,8 @@ from tests.realcluster import audit, crds, inventory
 from tests.realcluster.certmanager import CertManager
 from tests.realcluster.cluster import cluster_autoscaler_binary, wait_until
 from tests.realcluster.conftest import FAILED
-from tests.realcluster.node import CONTROL_PLANE_LABEL, NODE_IP, NODE_NAME, PREFIX, cert_manager_crds
-from tests.realcluster.podstack import PREVIOUS, PodStack
+from tests.realcluster.node import NODE_NAME, PREFIX, cert_manager_crds
+from tests.realcluster.podstack import PREVIOUS, PodStack, machine_room_service, powered
 from tests.realcluster.stack import (
     DEPLOY,
     MACHINE_LABEL,
@@ -40,7 +40,6 @@ from tests.realcluster.stack import (
     Homelab,
     SlotSpec,
     hand_claim,
-    homelab_objects,
     phase,
     seed_refusal,
 )
@@ -211,7 +210,6 @@ STORY = Homelab(
     priorities=("workers", "spares"),
 )
 BOOT_SECONDS = 12.0
-MACHINE_ROOM = f"http://machine-room.{NS}.svc:9052"
 WORKLOAD = "needs-a-machine"
 LIVE = ("", "pending", "booting", "ready")
 OPERATOR_PODS = "app.kubernetes.io/name=homelab-autoscaler"
@@ -220,38 +218,6 @@ STORY_FLAGS = ("--scan-interval=5s", "--scale-down-unneeded-time=30s", "--scale-
                "--scale-down-delay-after-delete=0s", "--expander=priority",
                "--skip-nodes-with-system-pods=false")  # fmt: skip
 SPLIT_DEPLOYMENTS = ("homelab-autoscaler-worker", "homelab-autoscaler-provider", "homelab-autoscaler-watch")
-
-
-def power_spec(s: PodStack, operation: str) -> dict[str, Any]:
-    """A slot's power pod spec as a user writes one: busybox's wget calls the machine room (a BMC's API) through
-    its Service; an answer other than 200 fails the Job with exit code 3 and says so in the termination message."""
-    script = (
-        f'wget -q -O - --post-data= "{MACHINE_ROOM}/machines/$HOMELAB_SLOT/{operation}" '
-        f'|| {{ echo "the BMC of $HOMELAB_SLOT did not answer" > /dev/termination-log; exit 3; }}'
-    )
-    return {
-        "image": s.images["busybox"],
-        "command": ["sh", "-c", script],
-        "nodeSelector": {CONTROL_PLANE_LABEL: ""},
-        "tolerations": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-        "activeDeadlineSeconds": 120,
-        "backoffLimit": 0,
-        # As deploy/examples/nodes.yaml: longer than any outage of the story (docs/operations.md, "Its Job is gone").
-        "ttlSecondsAfterFinished": 600,
-    }
-
-
-def machine_room_service(port: int) -> list[dict[str, Any]]:
-    """The Service the power Jobs call, its endpoint the node's door to the machine room on the loopback."""
-    return [
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "machine-room", "namespace": NS},
-         "spec": {"ports": [{"name": "http", "port": 9052, "targetPort": port}]}},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": "machine-room", "namespace": NS,
-                      "labels": {"kubernetes.io/service-name": "machine-room"}},
-         "addressType": "IPv4", "endpoints": [{"addresses": [NODE_IP]}],
-         "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
-    ]  # fmt: skip
 
 
 # --- reading the story -----------------------------------------------------------------------------------------------
@@ -479,12 +445,7 @@ def test_the_homelab_described_with_power_jobs_that_call_the_machine_room(pods: 
         room = s.start_machine_room({slot.name: slot.machine() for slot in STORY.slots})
         room.boot_seconds = BOOT_SECONDS
         s.apply(machine_room_service(room.port))
-        docs = homelab_objects(STORY)
-        for doc in docs:
-            if doc["kind"] == "Node":
-                doc["spec"]["startupPodSpec"] = power_spec(s, "on")
-                doc["spec"]["shutdownPodSpec"] = power_spec(s, "off")
-        s.cluster.kubectl("apply", "--validate=strict", "-f", "-", input=yaml.safe_dump_all(docs))
+        s.cluster.kubectl("apply", "--validate=strict", "-f", "-", input=yaml.safe_dump_all(powered(s, STORY)))
         GUIDE.append(("kubectl apply --validate=strict", "run (the story's Groups and slots)"))
         s.apply([{"apiVersion": "v1", "kind": "ConfigMap",
                   "metadata": {"name": "cluster-autoscaler-priority-expander", "namespace": NS},
