@@ -245,6 +245,8 @@ class EventReason(StrEnum):
     # A slot's usage figures started a new period (the reset-usage annotation); an annotation that is no time.
     USAGE_RESET = "UsageReset"
     INVALID_ANNOTATION = "InvalidAnnotation"
+    # A workflow whose task failed for good was ended, so the operator takes it over from this object.
+    WORKFLOW_STUCK = "WorkflowStuck"
 
 
 class Failure(StrEnum):

@@ -617,3 +617,24 @@ def test_a_workflow_is_lost_only_once_nothing_it_opened_can_still_schedule_a_tas
     assert _open_tasks([*task, signal, failed]) == []
     child = event(5, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED)
     assert _open_tasks([*task, child]) == [5], "a child on its way to start"
+
+
+@pytest.mark.long
+async def test_a_group_whose_run_alone_was_ended_is_taken_over_and_its_claims_go_on() -> None:
+    """What the doctor does to a stuck group (watchers.doctor): its run is ended while its claims run on, and the
+    next run (the watchers' signal starts it) reads the group and its claims: the target counts the live claim, the
+    slot stays taken, and a scale-down still reaches the claim and powers the machine off."""
+    async with open_lab(homelab([slot("s1"), slot("s2")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        lost = await lab.lose_workflows([], [])
+        assert [w.split("@")[0] for w in lost] == [c.group_workflow_id(NS, "g")], lost
+        await lab.start_group()
+        snap = await lab.snapshot()
+        assert snap["targetSize"] == 1 and snap["slots"]["s1"]["liveClaim"] == name, snap
+        assert await lab.phase(name) == "ready", "the claim never noticed"
+        assert await lab.increase(1) == 2
+        assert {d["slot"] for d in (await lab.snapshot())["claims"].values()} == {"s1", "s2"}, "s1 stays taken"
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 1
+        st = await lab.wait_phase(name, "completed", within=5 * MIN, step=10)
+        assert st["reason"] == "NodeDeleted" and lab.lab.power("s1") == "off"

@@ -19,11 +19,16 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client
 from temporalio.common import MetricMeter
 
+from api import contracts as c
 from api.contracts import TASK_QUEUE
+from api.names import KIND_GROUP, KIND_NODE, KIND_NODECLAIM, EventReason
 from domain.timings import TIMINGS
-from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, Resource
+from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, ObjectRef, Resource
+from kube.errors import KubeError
+from kube.objects import meta, spec
 from watchers.cluster import Cluster
 from watchers.dispatch import Dispatcher
+from watchers.doctor import Doctor, Stuck
 from watchers.leader import LeaderElector
 from watchers.report import ReportWriter
 from watchers.settings import WatchSettings
@@ -57,8 +62,12 @@ class Watchers:
         resync: timedelta = timedelta(minutes=5),
         coalesce: timedelta = TIMINGS.report_coalesce,
         meter: MetricMeter | None = None,
+        doctor: Doctor | None = None,
+        doctor_every: timedelta = timedelta(minutes=1),
     ) -> None:
         self.kube = kube
+        self.doctor = doctor
+        self.doctor_every = doctor_every
         self.coalesce = coalesce
         self.signals = signals
         self.elector = elector
@@ -215,6 +224,49 @@ class Watchers:
             except Exception:  # the next pass tries again
                 log.exception("failing the claims no group can take failed")
 
+    async def _doctor_rounds(self) -> None:
+        """The leader's pass over stuck workflows (watchers.doctor), every `doctor_every`."""
+        assert self.doctor is not None
+        while True:
+            await asyncio.sleep(self.doctor_every.total_seconds())
+            if not self.dispatcher.acting:
+                continue
+            try:
+                await self.doctor.treat(self.take_over)
+            except Exception:  # Temporal away: the next pass looks again
+                log.exception("the pass over stuck workflows failed")
+
+    async def take_over(self, stuck: Stuck) -> None:
+        """Wake what takes an ended run over, and say so on its object: a group's next run starts at once (and
+        reads its claims); a claim's or a release's slot is observed again, which reaches its group, whose reload
+        takes the claim over or books the release again."""
+        ns, group, slot = stuck.namespace, stuck.group, stuck.slot
+        if stuck.kind == c.WorkflowName.GROUP:
+            obj, kind = self.cluster.groups.get((ns, group)), KIND_GROUP
+            await self.signals.group(ns, group, c.GroupSignal.REFRESH, start=obj is not None)
+        else:
+            name = stuck.workflow_id.rsplit("/", 1)[-1]
+            if stuck.kind == c.WorkflowName.CLAIM:
+                obj, kind = self.cluster.claims.get((ns, name)), KIND_NODECLAIM
+                # A run stuck at its first task has no search attributes yet: its resource names its slot.
+                slot = slot or str(spec(obj or {}).get("node") or "")
+            else:
+                obj, kind = self.cluster.slots.get((ns, slot)), KIND_NODE
+            group = group or str(spec(self.cluster.slots.get((ns, slot)) or {}).get("group") or "")
+            if (ns, slot) in self.cluster.slots:
+                await self.dispatcher.observe((ns, slot), force=True)
+            else:
+                await self.signals.group(ns, group, c.GroupSignal.REFRESH, start=False)
+        if obj is None:
+            return
+        m = meta(obj)
+        ref = ObjectRef(kind, ns, str(m.get("name") or ""), str(m.get("uid") or ""))
+        message = f"workflow {stuck.workflow_id}: {stuck.reason()}"
+        try:
+            await asyncio.to_thread(self.kube.create_event, ref, EventReason.WORKFLOW_STUCK, message, warning=True)
+        except KubeError as err:
+            log.warning("%s %s/%s: WorkflowStuck Event not written: %s", kind, ns, ref.name, err)
+
     async def run(self, stop: asyncio.Event, *, renew_every: float = 5.0) -> None:
         """Run until `stop` is set; then stop acting, release the Lease and close the watches."""
         # The process's way from the first event on: signals beside the events, reports coalesced by their task.
@@ -232,6 +284,8 @@ class Watchers:
             asyncio.create_task(self._expiry(), name="report expiry"),
             asyncio.create_task(self._refuse_homeless(), name="claims no group takes"),
         ]
+        if self.doctor is not None:
+            tasks.append(asyncio.create_task(self._doctor_rounds(), name="stuck workflows"))
         try:
             await stop.wait()
         finally:
@@ -280,6 +334,14 @@ def build_watchers(
         settings.identity,
         timedelta(seconds=settings.lease_duration_seconds),
     )
+    doctor = None
+    if settings.stuck_check_seconds > 0:
+        doctor = Doctor(
+            client,
+            task_queue,
+            after=timedelta(seconds=settings.stuck_after_seconds),
+            failures=settings.stuck_failures,
+        )
     return Watchers(
         kube,
         Signals(client, task_queue),
@@ -288,4 +350,6 @@ def build_watchers(
         window=settings.watch_window_seconds,
         resync=timedelta(seconds=settings.resync_seconds),
         meter=meter,
+        doctor=doctor,
+        doctor_every=timedelta(seconds=settings.stuck_check_seconds or 60),
     )

@@ -36,5 +36,12 @@ class WatchSettings(BaseModel):
     )
     watch_window_seconds: int = Field(30, ge=1, le=600, description="the server-side timeout of one watch request")
     resync_seconds: float = Field(300.0, gt=0, description="upper bound between two passes over every report")
+    stuck_check_seconds: float = Field(
+        60.0, ge=0, description="how often the leader looks for workflows whose task fails for good (0: never)"
+    )
+    stuck_after_seconds: float = Field(
+        600.0, gt=0, description="a workflow whose task has failed this long is ended and taken over"
+    )
+    stuck_failures: int = Field(5, ge=1, description="... and at least this many times")
 
     _checked = field_checks({"lease_namespace": check_dns_label, "lease_name": check_dns_subdomain})
