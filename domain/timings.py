@@ -58,6 +58,8 @@ class Timings:
     local_retry_threshold: timedelta = timedelta(milliseconds=500)
     # How long a watcher waits for a workflow's answer to a Query before it moves on (the next event asks again).
     watcher_query_timeout: timedelta = timedelta(seconds=3)
+    # Each call of the watchers' pass over stuck workflows (a list page, a describe, a history page, a terminate).
+    doctor_call_timeout: timedelta = timedelta(seconds=10)
     # A claim whose slot or group does not exist is failed once it is this old: the slot applied beside it (the
     # same `kubectl apply`, another watch's stream) has had time to arrive.
     homeless_claim_grace: timedelta = timedelta(minutes=1)

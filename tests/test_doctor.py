@@ -98,7 +98,7 @@ class Poisonable:
         workflow.upsert_search_attributes([KEY_GROUP.value_set(group)])
         await workflow.wait_condition(lambda: self.done)
 
-    @workflow.signal
+    @workflow.signal(name=c.GroupSignal.REFRESH)  # a name from the table; its argument is this stand-in's own
     def poke(self, what: str) -> None:
         if what == "poison":
             raise RuntimeError("poisoned: this task fails at every try")

@@ -25,6 +25,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 
 from api import contracts as c
+from domain.timings import TIMINGS
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)  # every workflow of ours
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)  # a claim's and a release's slot
 HISTORY_TAIL = 100  # events per page read back from the end (one page is enough unless signals pile up)
 HISTORY_PAGES = 5
-RPC_TIMEOUT = timedelta(seconds=10)
+RPC_TIMEOUT = TIMINGS.doctor_call_timeout
 
 
 @dataclass(frozen=True)
