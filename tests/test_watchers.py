@@ -213,6 +213,9 @@ async def test_kubectl_delete_nodeclaim_reverses_a_ready_machine() -> None:
         await w.pump()
         assert w.signals.count(c.ClaimSignal.MARK_FOR_DELETION, c.claim_workflow_id(NS, name)) == 1
         await drive(lab, w, lambda: lab.claim_resource(name) is None, within=10 * MIN, what="claim resource gone")
+        # The resource may go between drive's pump and its check: the watchers see it gone at the next pump (a
+        # loaded machine once read the slot's report a claim behind).
+        await w.pump()
         st = await lab.status(name)
         assert (st["phase"], st["reason"]) == ("completed", "DeletedByHand")
         assert lab.lab.power("s1") == "off"

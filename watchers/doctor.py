@@ -25,6 +25,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 
 from api import contracts as c
+from domain.timings import TIMINGS
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,9 @@ BENIGN_CAUSES = frozenset(
 OURS = tuple(str(name) for name in c.WorkflowName)
 KEY_GROUP = SearchAttributeKey.for_keyword(c.SA_GROUP)  # every workflow of ours carries its group
 KEY_SLOT = SearchAttributeKey.for_keyword(c.SA_SLOT)  # a claim's and a release's slot
-HISTORY_TAIL = 100  # events read back from the end: enough failures to judge, one request
-RPC_TIMEOUT = timedelta(seconds=10)
+HISTORY_TAIL = 100  # events per page read back from the end (one page is enough unless signals pile up)
+HISTORY_PAGES = 5
+RPC_TIMEOUT = TIMINGS.doctor_call_timeout
 
 
 @dataclass(frozen=True)
@@ -118,16 +120,25 @@ class Doctor:
         raw = desc.raw_description
         if desc.status != WorkflowExecutionStatus.RUNNING or not raw.HasField("pending_workflow_task"):
             return None
-        page = await self.client.workflow_service.get_workflow_execution_history_reverse(
-            GetWorkflowExecutionHistoryReverseRequest(
-                namespace=self.client.namespace,
-                execution=WorkflowExecution(workflow_id=workflow_id, run_id=desc.run_id),
-                maximum_page_size=HISTORY_TAIL,
-            ),
-            retry=True,
-            timeout=RPC_TIMEOUT,
-        )
-        return failures_since_last_completion(page.history.events, raw.pending_workflow_task.attempt)
+        tail: list[HistoryEvent] = []
+        token = b""
+        for _ in range(HISTORY_PAGES):  # back to the last completed task, or as far as the pages go
+            page = await self.client.workflow_service.get_workflow_execution_history_reverse(
+                GetWorkflowExecutionHistoryReverseRequest(
+                    namespace=self.client.namespace,
+                    execution=WorkflowExecution(workflow_id=workflow_id, run_id=desc.run_id),
+                    maximum_page_size=HISTORY_TAIL,
+                    next_page_token=token,
+                ),
+                retry=True,
+                timeout=RPC_TIMEOUT,
+            )
+            tail += page.history.events
+            token = page.next_page_token
+            done = any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for e in page.history.events)
+            if done or not token:
+                break
+        return failures_since_last_completion(tail, raw.pending_workflow_task.attempt)
 
     def is_stuck(self, found: Failures | None) -> bool:
         return (
