@@ -188,3 +188,27 @@ def test_the_leader_looks_for_stuck_workflows_every_minute_unless_told_never() -
     assert (on.doctor.after, on.doctor.failures) == (timedelta(minutes=10), 5)
     off = build_watchers(WatchSettings(stuck_check_seconds=0), None, None, namespaces=[NS])  # type: ignore[arg-type]
     assert off.doctor is None
+
+
+async def test_a_pass_while_temporal_is_away_is_one_line(
+    emulator: EmulatorServer, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """make chaos counts a traceback in a role's log as a bug: Temporal away is expected, and says so in one line."""
+    World(emulator)
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=str(BIN / "temporal"))
+    away = env.client
+    await env.shutdown()  # connected once, then gone: what a Temporal restart looks like to the watchers
+    w = Watchers(kube, Quiet(), namespaces=[NS], doctor=Doctor(away), doctor_every=timedelta(milliseconds=50))
+    await w.pump()
+    assert w.dispatcher.acting
+    caplog.set_level("WARNING", logger="watchers.main")
+    rounds = asyncio.create_task(w._doctor_rounds())
+    try:
+        deadline = time.monotonic() + 20
+        while not [r for r in caplog.records if "stuck workflows stopped" in r.getMessage()]:
+            assert time.monotonic() < deadline, "a pass within 20 s (the client tries a call again for a while)"
+            await asyncio.sleep(0.05)
+    finally:
+        rounds.cancel()
+    said = [r for r in caplog.records if r.name == "watchers.main"]
+    assert said and all(r.exc_info is None and "Temporal did not answer" in r.getMessage() for r in said), said

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from temporalio.client import Client
+from temporalio.client import Client, RPCTimeoutOrCancelledError
 from temporalio.common import MetricMeter
+from temporalio.service import RPCError
 
 from api import contracts as c
 from api.contracts import TASK_QUEUE
@@ -233,7 +234,9 @@ class Watchers:
                 continue
             try:
                 await self.doctor.treat(self.take_over)
-            except Exception:  # Temporal away: the next pass looks again
+            except (RPCError, RPCTimeoutOrCancelledError) as err:  # Temporal away: one line, the next pass looks again
+                log.warning("the pass over stuck workflows stopped: Temporal did not answer: %s", err)
+            except Exception:  # a bug: its traceback
                 log.exception("the pass over stuck workflows failed")
 
     async def take_over(self, stuck: Stuck) -> None:
