@@ -104,7 +104,7 @@ soak: $(STAMP) ## the model-based adversary for SOAK_MINUTES
 
 # The chaos suite (tests/chaos.py): the roles as processes, kill -9s, API faults, a Temporal outage, Temporal's database
 # wiped (each wipe timed into a running Job of a machine whose Jobs take --slow-jobs seconds); prints the table.
-CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60 --wipes 2 --slow-jobs 150
+CHAOS_ARGS ?= --lifecycles 50 --kills 20 --outage 60 --wipes 2 --slow-jobs 150 --workers 2
 chaos: $(STAMP) ## the chaos suite: real processes, kill -9s, API faults, an outage, database wipes
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 

@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.jobs import build_job, pod_spec_field
+from activities.tell import tell_group
 from api import contracts as c
 from api import names
 from api.names import Failure, JobType
@@ -107,6 +108,7 @@ class KubeActivities:
             self.open_gate,
             self.slot_event,
             self.load_group,
+            tell_group,
         ]
 
     # --- reads shared by several activities --------------------------------------------------------------

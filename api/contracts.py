@@ -121,6 +121,12 @@ class Observation:
             other.gate_open,
         )
 
+    def same_for_claim(self, other: Observation | None) -> bool:
+        """Equal in what a claim waits on: power and the readiness gate. Whether the node is registered or
+        usable it reads when it needs to (its registration wait polls; usability it reads only at launch, from its
+        seed), so a change of those alone wakes no claim: a signal is a workflow task."""
+        return other is not None and (self.power, self.gate_open) == (other.power, other.gate_open)
+
 
 @dataclass(frozen=True)
 class SlotObservation:
@@ -341,6 +347,15 @@ class JobRef:
     name: str
 
 
+@dataclass(frozen=True)
+class GroupTell:
+    """A claim's digest for its group's `claim_changed` signal (`Act.TELL_GROUP`)."""
+
+    namespace: str
+    group: str
+    digest: ClaimDigest
+
+
 # What happened to a failed lifecycle Job when no container's terminated state says it (the other reasons are
 # Kubernetes' own: a container's terminated or waiting reason, a Pod's status reason).
 CAUSE_JOB_GONE = "JobGone"
@@ -533,6 +548,7 @@ class Act:
     SLOT_EVENT = "slot_event"
     LOAD_GROUP = "load_group"
     RECORD_SCALE = "record_scale"
+    TELL_GROUP = "tell_group"  # a claim's move to its group: a signal sent by the worker, not a workflow command
 
 
 # --- the Temporal boundary: handler names ------------------------------------------------------------------

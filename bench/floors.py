@@ -74,13 +74,19 @@ async def replay_seconds(client: Client, workflow_id: str, workflows: Sequence[t
     return (time.perf_counter() - began) / times
 
 
-async def history_length(client: Client, workflow_id: str) -> int:
-    """Events in every run of a workflow (a continued-as-new claim counts all its runs)."""
-    total = 0
+async def history_events(client: Client, workflow_id: str) -> list[HistoryEvent]:
+    """The events of every run of a workflow, oldest run first (a continued-as-new claim counts all its runs)."""
+    runs = []
     async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
-        total += len(history.events)
-    return total
+        runs.append(list(history.events))
+    runs.sort(key=lambda events: _seconds(events[0]) if events else 0.0)
+    return [e for events in runs for e in events]
+
+
+async def history_length(client: Client, workflow_id: str) -> int:
+    """Events in every run of a workflow."""
+    return len(await history_events(client, workflow_id))
 
 
 async def signal_latencies(client: Client, n: int, timeout: float) -> tuple[list[float], list[float]]:

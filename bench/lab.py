@@ -119,7 +119,9 @@ class Recorder:
 class World:
     """The homelab and the operator for one figure; `close()` stops both (also after a failure)."""
 
-    def __init__(self, workdir: Path, temporal: str, tag: str, doc: dict[str, Any], *, time_scale: float) -> None:
+    def __init__(
+        self, workdir: Path, temporal: str, tag: str, doc: dict[str, Any], *, time_scale: float, workers: int = 1
+    ) -> None:
         self.namespace = doc["namespace"]
         self.tag = tag
         self.spec = parse_homelab_spec(doc, f"<bench {tag}>")
@@ -144,6 +146,25 @@ class World:
             ],
             workdir / f"operator-{tag}.log",
         )  # fmt: skip
+        # Worker processes beside the operator's own (`homelab-autoscaler worker`, the scaled-out role): the same
+        # task queue and API server, nothing else.
+        self.worker_health = [free_port() for _ in range(workers - 1)]
+        self.workers = [
+            Proc(
+                f"worker {i + 2} ({tag})",
+                [
+                    str(BIN / "homelab-autoscaler"), "worker",
+                    "--temporal-address", temporal,
+                    "--task-queue", self.task_queue,
+                    "--kube-server", "",
+                    "--health-port", str(port),
+                    "--metrics-address", "",
+                    "--log-level", "WARNING",
+                ],
+                workdir / f"worker-{i + 2}-{tag}.log",
+            )
+            for i, port in enumerate(self.worker_health)
+        ]  # fmt: skip
         self.channel: grpc.aio.Channel | None = None
         self.late_increases: list[str] = []  # IncreaseSize calls that overran the deadline (applied anyway)
         self.retried_reads: list[str] = []  # reads the bench asked again (never timed ones)
@@ -151,8 +172,9 @@ class World:
     async def start(self) -> World:
         self.lab.start()
         self.lab.server.call(lambda emulator: emulator.listeners.append(self.recorder))
-        self.operator.args[self.operator.args.index("--kube-server") + 1] = self.lab.url
-        self.operator.start()
+        for proc in (self.operator, *self.workers):
+            proc.args[proc.args.index("--kube-server") + 1] = self.lab.url
+            proc.start()
         await wait_until(
             lambda: port_open(self.provider_port) or not self.operator.alive,
             timeout=START_TIMEOUT,
@@ -166,10 +188,21 @@ class World:
         )
         if not self.operator.alive:
             raise RuntimeError(f"{self.operator.name} exited at start:\n{self.operator.tail()}")
+        for proc, port in zip(self.workers, self.worker_health, strict=True):
+            await self._ready(proc, port)
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.provider_port}")
         self.stub = pb_grpc.CloudProviderStub(self.channel)
         await self.warm()
         return self
+
+    @staticmethod
+    async def _ready(proc: Proc, port: int) -> None:
+        def answers() -> bool:
+            return http_status(f"http://127.0.0.1:{port}/readyz") == 200 or not proc.alive
+
+        await wait_until(answers, timeout=START_TIMEOUT, what=f"{proc.name} /readyz to answer 200", every=0.25)
+        if not proc.alive:
+            raise RuntimeError(f"{proc.name} exited at start:\n{proc.tail()}")
 
     @property
     def group_names(self) -> list[str]:
@@ -181,6 +214,10 @@ class World:
 
     def operator_rss_mb(self) -> float:
         return rss_mb(self.operator.pid)
+
+    def processes(self) -> list[Proc]:
+        """The operator and the worker processes beside it."""
+        return [self.operator, *self.workers]
 
     def requests(self) -> list[RequestInfo]:
         """Every API request the emulator has served so far (reads too)."""
@@ -237,5 +274,6 @@ class World:
     async def close(self) -> None:
         if self.channel is not None:
             await self.channel.close()
-        self.operator.stop()
+        for proc in (*self.workers, self.operator):
+            proc.stop()
         self.lab.stop()

@@ -104,6 +104,12 @@ def rss_mb(pid: int) -> float:
     return sum(_status_kb(p, "VmRSS") for p in _tree(pid)) / 1024
 
 
+def self_cpu_seconds() -> float:
+    """User and system CPU seconds of this process (the bench: its driver, the simulated homelab, the floor worker)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def self_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

@@ -12,6 +12,7 @@ from temporalio.client import Client
 
 TIMED_OUT = EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
 FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
 
 
 @dataclass
@@ -23,6 +24,12 @@ class TaskTrouble:
     failed: int = 0
     where: Counter[str] = field(default_factory=Counter)
     causes: Counter[str] = field(default_factory=Counter)  # a failed task's cause, as Temporal names it
+    workers: Counter[str] = field(default_factory=Counter)  # tasks completed per worker (its identity, pid@host)
+
+    def spread(self) -> str:
+        """How the completed tasks spread over the worker processes: "pid@host 52%, ..."."""
+        total = sum(self.workers.values())
+        return ", ".join(f"{w} {100 * n / total:.0f}%" for w, n in self.workers.most_common()) if total else "none"
 
     def text(self) -> str:
         worst = ", ".join(f"{w} {n}" for w, n in self.where.most_common(3))
@@ -42,7 +49,9 @@ async def task_trouble(client: Client, task_queue: str) -> TaskTrouble:
         out.workflows += 1
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         for e in history.events:
-            if e.event_type == TIMED_OUT:
+            if e.event_type == COMPLETED:
+                out.workers[e.workflow_task_completed_event_attributes.identity] += 1
+            elif e.event_type == TIMED_OUT:
                 out.timed_out += 1
                 out.where[wf.id] += 1
             elif e.event_type == FAILED:

@@ -58,6 +58,8 @@ class Timings:
     local_retry_threshold: timedelta = timedelta(milliseconds=500)
     # How long a watcher waits for a workflow's answer to a Query before it moves on (the next event asks again).
     watcher_query_timeout: timedelta = timedelta(seconds=3)
+    # How long a claim's local call telling its group may wait for Temporal's frontend (the call is then retried).
+    tell_group_rpc_timeout: timedelta = timedelta(seconds=10)
     # Each call of the watchers' pass over stuck workflows (a list page, a describe, a history page, a terminate).
     doctor_call_timeout: timedelta = timedelta(seconds=10)
     # A claim whose slot or group does not exist is failed once it is this old: the slot applied beside it (the

@@ -76,7 +76,6 @@ SLOW_JOB_WAIT = 400.0  # real seconds a wipe waits for a running Job of the slow
 OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
 PERSON = "chaos-person"
 WEBHOOK_REGISTRATION = ROOT / "deploy" / "components" / "admission" / "webhook.yaml"
-ROLES = ("worker", "provider", "watch")
 LIVE = ("pending", "booting", "ready")
 SETTLE_TIMEOUT = 600.0  # real seconds the quiet spell may take before the checks run anyway
 CA_DEADLINE = 5.0
@@ -102,6 +101,14 @@ class Plan:
     # Temporal's database waits for one of its Jobs to run (a startup Job, then a shutdown Job, in turn): a claim
     # taken over must adopt its lost run's running Job (issue 32).
     slow_jobs: float = 0.0
+    # Worker processes on the one task queue (`worker`, `worker-2`, ...): each killed on its own, the others carry
+    # its workflows on (sticky queues and local activities across a worker's death).
+    workers: int = 1
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The processes the killer picks from: the worker processes, the provider, the watchers."""
+        return ("worker", *(f"worker-{i}" for i in range(2, self.workers + 1)), "provider", "watch")
 
     @property
     def machines(self) -> list[str]:
@@ -210,7 +217,8 @@ class Report:
         kills = ", ".join(f"{role} {n}" for role, n in sorted(self.kills.items())) or "none"
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())) or "none"
         lines = [
-            f"chaos seed {self.plan.seed}: {self.lifecycles} lifecycles, {sum(self.kills.values())} kills ({kills}),"
+            f"chaos seed {self.plan.seed}: {self.plan.workers} worker processes, {self.lifecycles} lifecycles,"
+            f" {sum(self.kills.values())} kills ({kills}),"
             f" {self.wipes} Temporal database wipes, one Temporal outage of {self.plan.outage:.0f} s,"
             f" {self.seconds:.0f} s in all",
             f"cluster: {faults}; claims taken over after a lost workflow: {self.taken_over}; failed boots of the"
@@ -239,7 +247,7 @@ class Chaos:
         self.report = Report(plan)
         self.kube_port, self.provider_port, self.webhook_port = free_port(), free_port(), free_port()
         self.tokens = {"operator": f"operator-{plan.seed:x}", "person": f"person-{plan.seed:x}"}
-        self.health = {role: free_port() for role in ROLES}
+        self.health = {role: free_port() for role in plan.roles}
         self.temporal = DevServer(
             ip="127.0.0.1",
             port=free_port(),
@@ -332,7 +340,7 @@ class Chaos:
     def role(self, role: str) -> Proc:
         args = [
             str(BIN / "homelab-autoscaler"),
-            role,
+            "worker" if role.startswith("worker") else role,
             "--temporal-address",
             self.temporal.address,
             "--kubeconfig",
@@ -385,7 +393,7 @@ class Chaos:
         self.procs["sim"] = self.sim()
         self.procs["sim"].start()
         wait_for(lambda: port_open(self.kube_port), timeout=30, what="the simulated homelab")
-        for role in ROLES:
+        for role in self.plan.roles:
             self.procs[role] = self.role(role)
             self.procs[role].start()
         self.register_webhook()
@@ -568,7 +576,7 @@ class Chaos:
         """What Kubernetes does for a Deployment: a role that died is started again a moment later."""
         while True:
             await asyncio.sleep(1.0)
-            for role in ROLES:
+            for role in self.plan.roles:
                 if not self.procs[role].alive:
                     self.procs[role].start()
             if not self.in_outage:
@@ -587,7 +595,7 @@ class Chaos:
                 if self.plan.slow_jobs:
                     await self.slow_job_running(("startup", "shutdown")[self.report.wipes % 2])
                 await self.wipe_temporal()
-            victim = self.rng.choice([*ROLES, "temporal"])
+            victim = self.rng.choice([*self.plan.roles, "temporal"])
             self.report.kills[victim] += 1
             if victim == "temporal":
                 self.kill_temporal()
@@ -652,7 +660,7 @@ class Chaos:
         while time.monotonic() < ends:
             code, _ = await self.call(self.stub.NodeGroupTargetSize, pb.NodeGroupTargetSizeRequest(id=GROUP))
             codes[code.name] += 1
-            for role in ROLES:
+            for role in self.plan.roles:
                 readyz[f"{role} {await asyncio.to_thread(self.readyz, role)}"] += 1
             await asyncio.sleep(2.0)
         self.in_outage = False
@@ -696,7 +704,7 @@ class Chaos:
                 "stats"
             ]
         await self.ensure_temporal()
-        for role in ROLES:
+        for role in self.plan.roles:
             if not self.procs[role].alive:
                 self.procs[role].start()
         ends = time.monotonic() + SETTLE_TIMEOUT
@@ -793,7 +801,7 @@ class Chaos:
         """An exception a role logged with its traceback is a bug: a failure the roles expect (an API fault, Temporal
         away) is one line. Each one's last line, by role."""
         found = []
-        for role in ROLES:
+        for role in self.plan.roles:
             lines = (self.dir / f"{role}.log").read_text(errors="replace").splitlines()
             for i, line in enumerate(lines):
                 if line.startswith("Traceback (most recent call last)"):
@@ -868,7 +876,7 @@ class Chaos:
         for wf in await self.workflows():
             text = history_text(await self.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
             found += [f"{what} in the history of {wf.id}" for what, m in markers.items() if m in text]
-        for role in ROLES:
+        for role in self.plan.roles:
             text = (self.dir / f"{role}.log").read_text(errors="replace")
             found += [f"{what} in the {role} log" for what, m in markers.items() if m in text]
         return found
@@ -916,10 +924,20 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="seconds each Job of one more machine takes; each wipe is then timed into one of its running Jobs",
     )
+    parser.add_argument("--workers", type=int, default=1, help="worker processes on the task queue (1 or more)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the logs and the Temporal database here")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers: at least 1")
     plan = Plan(
-        args.seed, args.lifecycles, args.kills, args.outage, args.fault_rate, wipes=args.wipes, slow_jobs=args.slow_jobs
+        args.seed,
+        args.lifecycles,
+        args.kills,
+        args.outage,
+        args.fault_rate,
+        wipes=args.wipes,
+        slow_jobs=args.slow_jobs,
+        workers=args.workers,
     )
     print(f"chaos seed {plan.seed} (rerun with --seed {plan.seed})", flush=True)
     report = asyncio.run(run(plan, args.keep))

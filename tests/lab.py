@@ -289,22 +289,50 @@ class Lab:
     # lets such timers fire first. The real server retries that task instead (the chaos suite runs on it).
     settle_after_skip: float = 0.0
     in_flight: InFlight = field(default_factory=lambda: InFlight())
+    # Workers on the lab's task queue: `worker` (the one a restart restarts) and `workers - 1` others beside it.
+    workers: int = 1
+    others: list[Worker] = field(default_factory=list)
     runtime: Runtime | None = None
     retired: list[WorkflowEnvironment] = field(default_factory=list)  # servers whose state the lab lost
+    # A test's own interceptors on the workers started from now on (inside the lab's clock holder).
+    interceptors: list[Interceptor] = field(default_factory=list)
 
     async def restart_worker(self) -> None:
-        """Stop the worker (its running activities finish first) and start a fresh one: a worker restart."""
+        """Stop the worker (its running activities finish first) and start a fresh one: a worker restart. The
+        lab's other workers (`workers` > 1) poll the same queue meanwhile and carry on; missing ones are started."""
         if self.worker is not None:
             await self.worker.__aexit__(None, None, None)
-        self.worker = build_worker(
-            self.client,
+        self.worker = await self._worker(self.client)
+        while len(self.others) < self.workers - 1:
+            # A connection of its own, as another process has: the SDK registers one worker per queue per client.
+            config = self.client.config()
+            own = await Client.connect(
+                self.client.service_client.config.target_host,
+                namespace=self.client.namespace,
+                data_converter=config["data_converter"],
+                runtime=self.runtime,
+            )
+            self.others.append(await self._worker(own))
+
+    async def _worker(self, client: Client) -> Worker:
+        worker = build_worker(
+            client,
             KubeActivities(self.kube).all(),
             max_cached_workflows=self.cached_workflows,
             sandboxed=self.sandboxed,
             tuner=self.in_flight.tuner(),
-            interceptors=[HoldsTheClock(self.client)],
+            interceptors=[HoldsTheClock(self.client), *self.interceptors],
         )
-        await self.worker.__aenter__()
+        await worker.__aenter__()
+        return worker
+
+    async def stop_workers(self) -> None:
+        """Stop every worker of the lab (the one `restart_worker` restarts and the others)."""
+        workers, self.others = [self.worker, *self.others], []
+        self.worker = None
+        for worker in workers:
+            if worker is not None:
+                await worker.__aexit__(None, None, None)
 
     @property
     def client(self) -> Client:
@@ -481,9 +509,7 @@ class Lab:
         workflow task (or an activity) of it is pending, and every later skip then takes real time.
         """
         now = await self.server_time()
-        if self.worker is not None:
-            await self.worker.__aexit__(None, None, None)
-            self.worker = None
+        await self.stop_workers()
         self.retired.append(self.env)
         self.env = await start_temporal(self.runtime)
         behind = (now - await self.server_time()).total_seconds()
@@ -600,9 +626,11 @@ async def open_lab(
     cached_workflows: int = 1000,
     sandboxed: bool = True,
     runtime: Runtime | None = None,
+    workers: int = 1,
 ) -> AsyncIterator[Lab]:
     """The lab; `cached_workflows=0` replays every workflow task (worker restarts then never meet a sticky queue),
-    and its workflows call regular activities (`workflows.verbs.LOCAL_CALLS`: local ones need a cache)."""
+    and its workflows call regular activities (`workflows.verbs.LOCAL_CALLS`: local ones need a cache). `workers`
+    workers poll its task queue (a restart restarts one of them)."""
     spec = parse_homelab_spec(doc, "test")
     servers = [await start_temporal(runtime)]
     verbs.LOCAL_CALLS = cached_workflows > 0
@@ -610,12 +638,12 @@ async def open_lab(
         with HomelabServer(spec, time_scale=0) as hl:
             kube = Kube.connect(server=hl.url, timeout=kube_timeout)
             lab = Lab(servers[0], hl, kube, cached_workflows=cached_workflows, sandboxed=sandboxed, runtime=runtime)
+            lab.workers = workers
             try:
                 await lab.restart_worker()
                 yield lab
             finally:
-                if lab.worker is not None:
-                    await lab.worker.__aexit__(None, None, None)
+                await lab.stop_workers()
                 kube.close()
                 servers = [*lab.retired, lab.env]
     finally:

@@ -68,6 +68,7 @@ QUIET = timedelta(hours=3)  # long enough for a spent shutdown streak (30 min) t
 QUIET_HOLD = timedelta(minutes=40)  # the law must keep holding this long: past a shutdown verification and a pause
 SETTLE_EVERY = 6
 KUBE_TIMEOUT = 1.0  # a request slower than this is a timeout to the operator (the delay faults use it)
+WORKERS = 2  # workers polling the queue, as two worker processes: a restart restarts one, the other carries on
 
 
 # Task "failures" that are Temporal's own protocol, not an error of the workflow: a completion that raced a new
@@ -817,8 +818,14 @@ async def run_example(seed: int, steps: int) -> Counter[str]:
     restarts = rng.random() < 1 / 3
     cache, sandboxed = (0, False) if restarts else (1000, True)
     refused_before = len(REFUSALS.seen)
+    # Two workers on the queue, as two worker processes would poll it: a restart restarts one, the other carries on.
     async with open_lab(
-        doc, kube_timeout=KUBE_TIMEOUT, cached_workflows=cache, sandboxed=sandboxed, runtime=refusal_watching_runtime()
+        doc,
+        kube_timeout=KUBE_TIMEOUT,
+        cached_workflows=cache,
+        sandboxed=sandboxed,
+        runtime=refusal_watching_runtime(),
+        workers=WORKERS,
     ) as lab:
         watchers = Watchers(lab.kube, Signals(lab.client), namespaces=[NS])
         lab.settle_after_skip = 0.1  # see Lab.settle_after_skip: the driver signals right after every skip

@@ -11,25 +11,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.common.v1 import Payload, Payloads, SearchAttributes
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import (
     HistoryEvent,
+    UpsertWorkflowSearchAttributesEventAttributes,
     WorkflowExecutionSignaledEventAttributes,
     WorkflowTaskStartedEventAttributes,
 )
 
+from bench.moves import moves
 from bench.procs import ROOT
 from bench.stages import Stages
 
 ROWS = (
     "P1 reaction",  # twice: vs signal → handled, vs two trivial activities
-    "P2 burst",
+    "P2 burst, IncreaseSize → all 2 ready (instant machines), one worker",
+    "P2 burst, IncreaseSize → all 2 ready (instant machines), two worker",
+    "P2 burst of 2 with two worker processes vs one",
     "P2 operator memory",
     "P3 NodeGroups after Refresh",
     "P3 NodeGroupTargetSize",
     "P3 NodeGroupNodes",
     "P3 Refresh",
+    "P4 workflow tasks per boot",
+    "P4 workflow tasks per lifecycle",
     "P4 history events",
     "P4 replay of a lifecycle",
     "P4 API writes per claim phase move",
@@ -69,12 +75,19 @@ def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert len(doc["rows"]) == len(ROWS) + 2
     assert all(math.isfinite(r["ratio"]) for r in doc["rows"])
-    assert {"temporal dev server", "operator (p1)", "operator (p2)", "operator (p3)", "operator (p4)"} <= set(
-        doc["peak_rss_mb"]
-    )
+    assert {
+        "temporal dev server",
+        "operator (p1)",
+        "operator (p2)",
+        "worker 2 (p2w2)",
+        "operator (p3)",
+        "operator (p4)",
+    } <= set(doc["peak_rss_mb"])
     assert all(mb > 0 for mb in doc["peak_rss_mb"].values()), doc["peak_rss_mb"]
     (stages,) = [n for n in doc["notes"] if n.startswith("p1 stages:")]
     assert "workflow task scheduled → started p50" in stages, stages
+    (spread,) = [n for n in doc["notes"] if n.startswith("p2w2: workflow tasks by worker process:")]
+    assert spread.count("%") >= 1, spread  # the tasks by worker identity (at 2 slots one may take them all)
 
 
 def _event(event_id: int, kind: EventType.ValueType, at: float, **attrs: Any) -> HistoryEvent:
@@ -119,3 +132,29 @@ def test_p1_stages_read_the_watchers_lag_and_the_workers_queue_from_a_history() 
     assert "Ready → claim told p50 2.00 s" in stages.note(), stages.note()
     stages.take(events[:2], node_ready=102.0, job_complete=None)  # never told, no Job on record: nothing added
     assert (len(stages.ready_told), len(stages.job_told)) == (1, 1)
+
+
+def _completed(event_id: int) -> HistoryEvent:
+    return _event(event_id, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED, float(event_id))
+
+
+def _upsert(event_id: int, phase: str | None) -> HistoryEvent:
+    """A search attribute upsert: a claim's move (`phase`), or a patch's TemporalChangeVersion (None)."""
+    fields = {} if phase is None else {"ClaimPhase": Payload(data=json.dumps(phase).encode())}
+    attrs = UpsertWorkflowSearchAttributesEventAttributes(search_attributes=SearchAttributes(indexed_fields=fields))
+    kind = EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    return _event(event_id, kind, float(event_id), upsert_workflow_search_attributes_event_attributes=attrs)
+
+
+def test_tasks_per_move_are_counted_up_to_the_task_that_made_each_move() -> None:
+    """P4's task count: the first task makes pending and booting, the ready move takes two more, the close one."""
+    events = [
+        _completed(1), _upsert(2, None), _upsert(3, "pending"), _upsert(4, "booting"), _upsert(5, "booting"),
+        _completed(6), _completed(7), _upsert(8, "ready"),
+        _completed(9), _upsert(10, "completed"),
+        _completed(11),
+    ]  # fmt: skip
+    counted = moves(events)
+    assert counted.tasks == [("pending", 1), ("booting", 0), ("ready", 2), ("completed", 1)]
+    assert (counted.upto("ready"), counted.upto("failed"), counted.total, counted.after) == (3, 5, 5, 1)
+    assert counted.events == len(events) and "→ready 2" in counted.text()

@@ -17,7 +17,7 @@ from tests.chaos import Plan, run
 @pytest.mark.long
 async def test_a_short_chaos_run_leaves_no_violation(tmp_path: Path) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(2**31))
-    plan = Plan(seed, lifecycles=6, kills=5, outage=12.0, time_limit=300.0, wipes=1)
+    plan = Plan(seed, lifecycles=6, kills=5, outage=12.0, time_limit=300.0, wipes=1, workers=2)
     report = await run(plan, tmp_path)
     print(report.table())
     assert report.ok, f"seed {seed} (CHAOS_SEED={seed} reruns it):\n{report.table()}"

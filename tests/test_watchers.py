@@ -153,11 +153,25 @@ async def test_ten_identical_kubelet_updates_make_one_signal() -> None:
             lab.lab.call(heartbeat(str(i)))
             await w.pump()
         assert w.signals.count(c.ClaimSignal.OBSERVE, wid) == before
+        # Cordoned: the node is not usable, but a claim waits on power and the readiness gate only (a signal is a
+        # workflow task), so it is not told.
         lab.lab.call(lambda h: h.emulator.patch_object("v1", "nodes", None, "s1", {"spec": {"unschedulable": True}}))
-        for i in range(10):  # one real change (cordoned), then ten identical updates of the changed Node
+        await w.pump()
+        assert w.signals.count(c.ClaimSignal.OBSERVE, wid) == before
+        taint = {"key": "node.cilium.io/agent-not-ready", "effect": "NoExecute"}
+        lab.lab.call(lambda h: h.emulator.patch_object("v1", "nodes", None, "s1", {"spec": {"taints": [taint]}}))
+        for i in range(10):  # one real change (a readiness taint), then ten identical updates of the changed Node
             lab.lab.call(heartbeat(f"x{i}"))
             await w.pump()
         assert w.signals.count(c.ClaimSignal.OBSERVE, wid) == before + 1
+
+
+async def test_a_boot_is_told_only_that_its_node_turned_ready() -> None:
+    """A signal is a workflow task: a claim the group just booked is not told what the group was told before it
+    (its seed carries it), nor that its node registered (its registration wait reads that); the open gate it is."""
+    async with watched(homelab([{"name": "s1"}])) as (lab, w):
+        name = await ready_claim(lab, w)
+        assert w.signals.count(c.ClaimSignal.OBSERVE, c.claim_workflow_id(NS, name)) == 1
 
 
 async def test_a_stale_observation_delivered_late_changes_nothing() -> None:

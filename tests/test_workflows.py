@@ -6,13 +6,17 @@ that a lost signal only costs latency.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 from homelab_sim.emulator import Fault
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from api import contracts as c
 from domain.timings import TIMINGS
@@ -71,9 +75,9 @@ async def test_boot_ends_ready() -> None:
 async def test_a_boot_told_its_node_is_ready_goes_on_without_reading_it_and_tells_the_group_beside_each_record() -> (
     None
 ):
-    """A move's signal to the group leaves in the workflow task that schedules its record, rather than a task
-    before it (the record waited for the signal's acknowledgement); and a boot the watchers already told of a
-    Ready node does not read the node again when its startup Job ends (an activity and a task per boot)."""
+    """A move's word to the group is a call in the workflow task that schedules its record, not a signal command
+    (the server's acknowledgement of one woke the claim for a task of its own); and a boot the watchers already
+    told of a Ready node does not read the node again when its startup Job ends (an activity and a task per boot)."""
     async with open_lab(homelab([slot("s1")])) as lab:
         name = await one_claim(lab)
         await lab.wait_phase(name, "booting", within=MIN, step=0.1)
@@ -83,17 +87,26 @@ async def test_a_boot_told_its_node_is_ready_goes_on_without_reading_it_and_tell
         await lab.wait_phase(name, "ready", within=3 * MIN)
         events = (await handle.fetch_history()).events
         await lab.record("boot_told_ready")
+        held = await lab.group().query(GroupWorkflow.instances)
+    assert [(i.slot, i.state) for i in held] == [("s1", "running")], "the group heard the ready move"
     kinds = list(zip((e.event_type for e in events), activity_calls(events), strict=True))
-    told = [
-        i for i, (t, _) in enumerate(kinds) if t == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
-    ]
+    assert not any(
+        t
+        in (
+            EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+            EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED,
+        )
+        for t, _ in kinds
+    ), "no signal command, no task woken by its acknowledgement"
+    told = [i for i, (_, a) in enumerate(kinds) if a == c.Act.TELL_GROUP]
     assert len(told) >= 2, "booting and ready each told the group"
     for i in told:
         start = max(j for j in range(i) if kinds[j][0] == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
-        end = next((j for j in range(i, len(kinds)) if kinds[j][0] == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED), i)
+        scheduled = EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED  # the next task (none: the history ends there)
+        end = next((j for j in range(i, len(kinds)) if kinds[j][0] == scheduled), len(kinds))
         batch = [a for _, a in kinds[start:end] if a]
         # Local activities let one task run several calls: the record is among them.
-        assert c.Act.RECORD_CLAIM in batch, f"event {i + 1}: the signal and its record in one task: {batch}"
+        assert c.Act.RECORD_CLAIM in batch, f"event {i + 1}: the word to the group and its record in one task: {batch}"
     after_booting = [a for _, a in kinds[told[0] :] if a]
     assert c.Act.OPEN_GATE in after_booting
 
@@ -436,6 +449,94 @@ async def test_scale_down_of_a_ready_claim() -> None:
         assert acts[c.Act.CREATE_CLAIM_HELD] == 1 and acts[c.Act.ADD_FINALIZER] == 0, acts
         assert acts[c.Act.RECORD_CLAIM] == 5 and acts[c.Act.CREATE_JOB] == 2 and acts[c.Act.CORDON] == 1, acts
         await lab.record("scale_down_ready")
+
+
+class HoldTheEnd(Interceptor):
+    """Holds a claim's terminal record (the write that lets its finalizer go) until the test lets it land: the
+    workflow task that made the claim's last move is still running then, and nothing of it is committed."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _HeldEnd(next, self)
+
+
+class _HeldEnd(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, hold: HoldTheEnd) -> None:
+        super().__init__(next)
+        self.hold = hold
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        write = input.args[0] if input.args else None
+        last = isinstance(write, c.StatusWrite) and write.release_finalizer
+        if activity.info().activity_type == c.Act.RECORD_CLAIM and last and not self.hold.reached.is_set():
+            self.hold.reached.set()
+            await self.hold.go.wait()
+        return await super().execute_activity(input)
+
+
+async def test_a_claims_end_reaches_its_group_only_once_the_task_that_made_it_is_committed() -> None:
+    """The group frees a slot, books releases and lists failures on a claim's end: it must hear only an end the
+    claim's history holds. Told by a local call, from inside the task that made the move, the end reached the group
+    before that task was committed: a worker killed then leaves the slot free (a second claim boots on the machine)
+    while the claim's task runs again elsewhere from its last committed state, on newer inputs (that machine on), and
+    may go another way. The end is a signal command of the task that made it: the server sends it once that task is
+    committed, once."""
+    hold = HoldTheEnd()
+    async with open_lab(homelab([slot("s1")])) as lab:
+        lab.interceptors = [hold]
+        await lab.restart_worker()
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        ending = asyncio.ensure_future(lab.wait_phase(name, "completed", within=5 * MIN, step=10))
+        try:
+            await asyncio.wait_for(hold.reached.wait(), timeout=120)
+            # The claim's last task is running its terminal record: its move is not committed anywhere yet.
+            assert (await lab.claim(name).describe()).status == WorkflowExecutionStatus.RUNNING
+            snap = await lab.snapshot()
+            try:
+                placed: int | str = await lab.increase(1)
+            except WorkflowUpdateFailedError as err:
+                placed = err.cause.type if isinstance(err.cause, ApplicationError) and err.cause.type else str(err)
+            assert placed == c.ERR_NO_CAPACITY, f"a second claim on the machine: {(await lab.snapshot())['claims']}"
+            assert snap["slots"]["s1"]["liveClaim"] == name, f"the group heard an end not committed: {snap}"
+        finally:
+            hold.go.set()
+        st = await ending
+        assert st["reason"] == "NodeDeleted"
+        await lab.until(lambda: slot_free(lab, "s1"), within=MIN, step=5, what="the end heard by the group")
+        history = await lab.claim(name).fetch_history()
+        signalled = EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+        assert [e.event_type for e in history.events].count(signalled) == 1, "the end is one signal command"
+
+
+async def test_a_word_from_a_run_lost_with_temporals_state_does_not_keep_the_group_from_taking_its_claim_over() -> None:
+    """A live move is told by a local call: one in flight when Temporal's database is wiped reaches the group's new
+    run (the client retries it into the new server). Taken as news, it put the claim in the group's books before
+    the group's first read, and the read then took over only claims it did not hold: the claim was left with no
+    workflow behind it. The group hears only claims it tracks; the read takes this one over from its resource."""
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        late = c.ClaimDigest(name=name, slot="s1", group="g", phase="ready", attempt=1, call="IncreaseSize")
+        await lab.lose_temporal()
+        # The word arrives before the new run's first read of the group (the first thing it does).
+        await lab.client.start_workflow(
+            GroupWorkflow.run,
+            args=[c.GroupRef(NS, "g"), None],
+            id=c.group_workflow_id(NS, "g"),
+            task_queue=c.TASK_QUEUE,
+            start_signal=c.GroupSignal.CLAIM_CHANGED,
+            start_signal_args=[late],
+        )
+        st = await lab.wait_phase(name, "ready", within=MIN)
+        assert st["attempt"] == 1
+        assert "ClaimTakenOver" in [e["reason"] for e in lab.events(name)]
+        snap = await lab.snapshot()
+        assert snap["slots"]["s1"]["liveClaim"] == name and snap["targetSize"] == 1
 
 
 async def test_a_failed_shutdown_job_says_why_and_the_completion_cites_the_job_that_ended_it() -> None:

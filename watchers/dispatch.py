@@ -2,9 +2,11 @@
 
 * kubelet Node → the observation of its slot, sent to the slot's live claim workflow (else to the group
   workflow, which applies law 3 or adopts) only when it changed: the debounce compares the facts a decision
-  reads (`Observation.same_facts`) and the target, so heartbeats cost nothing. Each observation carries the
-  watcher's clock in `observed_at`; the workflows drop one older than what they hold. After every (re)list
-  every slot's observation is sent once, whatever was sent before.
+  reads (`Observation.same_facts`; for a claim `same_for_claim`: power and the readiness gate) and the target,
+  so heartbeats cost nothing. A claim the group just booked is not told what its group was told (its seed has
+  it, or the group forwards it). Each observation carries the watcher's clock in `observed_at`; the workflows
+  drop one older than what they hold. After every (re)list every slot's observation is sent once, whatever was
+  sent before.
 * Job → `job_finished` to its claim (or, for a law-3 Job, to the slot's release workflow), once per Job.
 * NodeClaim → a deletionTimestamp, or a deletion, is `mark_for_deletion(DeletedByHand)` once per claim; a
   claim no workflow runs (applied by hand) makes its group reload, which takes it over. A person's edit of a
@@ -128,9 +130,15 @@ class Dispatcher:
         live = self.cluster.live_claim(key)
         target = c.claim_workflow_id(ns, str(meta(live).get("name"))) if live else c.group_workflow_id(ns, group)
         held = self.sent.get(key)
-        if not force and held is not None and held[0] == target and obs.same_facts(held[1]):
-            return False
         claim = str(meta(live).get("name")) if live is not None else ""
+        if not force and held is not None:
+            told_to, told = held
+            if told_to == target and (obs.same_for_claim(told) if claim else obs.same_facts(told)):
+                return False
+            if claim and told_to == c.group_workflow_id(ns, group) and obs.same_for_claim(told):
+                # A claim booked since its group was told: the group seeded it with what it held, or forwards it.
+                self.sent[key] = (target, told)
+                return False
         if self.concurrent is not None:
             # Sent beside the next events (observations carry their time: a workflow drops an older one), one at
             # a time per slot so the claim-then-group fallback keeps its order; forgotten if it did not land.

@@ -45,7 +45,11 @@ class Patch(StrEnum):
     FAILED_CLOSE_SAYS_WHERE = "claim-failed-close-says-where-to-look"
     TAKEN_OVER_WHOLE = "claim-taken-over-adopted-whole"
     # 0.4.0
+    TELL_BY_CALL = "claim-tells-group-by-a-local-call"
+    BOOKED_CLAIM_SEES_NEWEST = "booked-claim-starts-with-the-newest-observation"
     ERRORED_INSTANCE_NEVER_COMES_BACK = "errored-instance-never-comes-back"
+    END_TOLD_ONCE_COMMITTED = "claim-tells-its-end-once-committed"
+    GROUP_HEARS_ITS_OWN_CLAIMS = "group-hears-only-claims-it-tracks"
 
 
 # The 0.2 line's last commit called itself 0.2.0a0: every patch of that line is dated by it.
@@ -76,5 +80,9 @@ INTRODUCED: dict[Patch, str] = {
     Patch.COMPLETION_CITES_ITS_JOB: LINE_0_2,
     Patch.FAILED_CLOSE_SAYS_WHERE: LINE_0_2,
     Patch.TAKEN_OVER_WHOLE: LINE_0_2,
+    Patch.TELL_BY_CALL: "0.4.0",
+    Patch.BOOKED_CLAIM_SEES_NEWEST: "0.4.0",
     Patch.ERRORED_INSTANCE_NEVER_COMES_BACK: "0.4.0",
+    Patch.END_TOLD_ONCE_COMMITTED: "0.4.0",
+    Patch.GROUP_HEARS_ITS_OWN_CLAIMS: "0.4.0",
 }

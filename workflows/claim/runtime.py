@@ -248,22 +248,37 @@ class ClaimRuntime(SlotVerbs):
     async def notify_group(self, *, final: bool = False) -> None:
         """Tell the group what this claim is now (its target size, slot choice and collection read it).
 
-        The signal goes out in the workflow task that goes on to the projection, not awaited there: waiting for
-        the server to acknowledge it cost every move a workflow task and a round trip. Signals still leave in
+        The word goes out in the workflow task that goes on to the projection, not awaited there: a live move's by a
+        local call, the end's as a signal command (sent only once that task is committed). Words still leave in
         order (each after the one before it), and the run waits for them all before it closes (`settled`).
         """
         if self.s.seed.refused_reason:
             return  # no group takes this claim: it is not one of any group's
         digest = self.s.digest(workflow_done=final)
         workflow.deprecate_patch(Patch.TELL_BESIDE)
-        self._telling = asyncio.create_task(self._tell(digest, after=self._telling))
+        # Sent by the worker (a local activity) rather than as a command: the server's acknowledgement of a
+        # command woke the claim for a workflow task of its own, one per move.
+        by_call = workflow.patched(Patch.TELL_BY_CALL)
+        if by_call and final and workflow.patched(Patch.END_TOLD_ONCE_COMMITTED):
+            # Not the end, though. A local call runs before the task that made the move is committed, and runs again
+            # if that task is lost (a worker killed): on an end the group frees the slot and may book a release, while
+            # the task, run again on newer inputs, can go another way. A signal command leaves once the task is
+            # committed, once. A live move told early is harmless: the group frees nothing on it, and hears the next.
+            by_call = False
+        self._telling = asyncio.create_task(self._tell(digest, after=self._telling, by_call=by_call))
 
-    async def _tell(self, digest: c.ClaimDigest, after: asyncio.Task[None] | None = None) -> None:
+    async def _tell(
+        self, digest: c.ClaimDigest, after: asyncio.Task[None] | None = None, *, by_call: bool = False
+    ) -> None:
         if after is not None:
             await after
         seed = self.s.seed
         try:
-            await signal_group(seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, digest)
+            if by_call:
+                tell = c.GroupTell(seed.namespace, seed.group, digest)
+                await self.write(c.Act.TELL_GROUP, tell, f"tell group {seed.group}: {digest.phase}")
+            else:
+                await signal_group(seed.namespace, seed.group, c.GroupSignal.CLAIM_CHANGED, digest)
         except Exception as err:
             workflow.logger.warning("could not tell group %s: %s", seed.group, err)
 

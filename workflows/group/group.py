@@ -16,6 +16,7 @@ contracts refuse is left out with its reason, never a failing workflow task.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -321,8 +322,13 @@ class Group(Verbs):
             book.observation = obs.observation
         owner = book.live_claim
         if owner:
-            if not any(seed.name == owner for seed in s.to_start):  # a booked claim starts with what the book saw
+            booked = next((i for i, seed in enumerate(s.to_start) if seed.name == owner), None)
+            if booked is None:
                 s.send(c.claim_workflow_id(s.namespace, owner), c.ClaimSignal.OBSERVE, book.observation)
+            elif workflow.patched(Patch.BOOKED_CLAIM_SEES_NEWEST):
+                # A claim booked in this task starts with what the book saw last (the watchers tell it nothing
+                # they told the group before it was booked).
+                s.to_start[booked] = replace(s.to_start[booked], observation=book.observation)
         elif book.releasing:
             if book.release is None:  # started: it hears the machine
                 s.send(c.release_workflow_id(s.namespace, book.name), c.ReleaseSignal.OBSERVE, book.observation)
@@ -386,6 +392,12 @@ class Group(Verbs):
 
     # --- signals -----------------------------------------------------------------------------------------
     def claim_changed(self, digest: c.ClaimDigest) -> None:
+        if digest.name not in self.s.claims and workflow.patched(Patch.GROUP_HEARS_ITS_OWN_CLAIMS):
+            # Not a claim this run tracks: a word that left a lost run late (a local call in flight across a wipe of
+            # Temporal's database reaches the group started on the empty one), or one after the claim's end. Taken,
+            # it kept the reload from taking the claim over, or brought an ended claim back; the reload reads it.
+            workflow.logger.info("claim %s is not one this group tracks: its word is left to the reload", digest.name)
+            return
         final = digest.workflow_done and digest.observation is not None
         if final:  # a claim's final report brings its last view of the machine: an "on" sent meanwhile is not lost
             workflow.deprecate_patch(Patch.OWNER_END_RECHECK)
