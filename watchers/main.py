@@ -294,19 +294,19 @@ class Watchers:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.dispatcher.settle(), 5)  # signals in flight land before the stop
-            self.dispatcher.stop_acting()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            # The last tick ends before the release: after it, nothing here writes the Lease again.
+            # The Lease's last tick ends first: after it nothing here takes the Lease or starts acting again.
             stopping.set()
             bound = 2 * self.kube.timeout + 1  # a tick is at most a read and a write, each with its timeout
             try:
                 await asyncio.wait_for(lease, bound)
             except Exception:
                 log.warning("the Lease's last tick did not end within %.0f s; releasing anyway", bound)
+            self.dispatcher.stop_acting()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await self.stop_leading()
             self.close()
 
