@@ -42,6 +42,12 @@ def release_workflow_id(namespace: str, slot: str) -> str:
     return f"release/{namespace}/{slot}"
 
 
+def workflow_id_parts(workflow_id: str) -> tuple[str, str]:
+    """Namespace and name of one of the ids above; ("", "") for an id of another shape."""
+    parts = workflow_id.split("/", 2)
+    return (parts[1], parts[2]) if len(parts) == 3 else ("", "")
+
+
 # Owners of lifecycle Jobs (claims, release episodes) are kept to 50 characters: their own name is then a valid
 # label value, and `<owner>-startup` / `<owner>-shutdown-<n>` stay whole within a Job name's 63 for n < 1000.
 OWNER_NAME_MAX = JOB_NAME_MAX - len("-shutdown-999")

@@ -165,10 +165,10 @@ async def test_the_watchers_wake_what_takes_an_ended_run_over_and_say_so_on_its_
     await w.pump()
     sink.sent.clear()
     failures = Failures(5, T0, "BAD_CANCEL_TIMER_ATTRIBUTES", "TimerID: 27")
-    group = Stuck(c.group_workflow_id(NS, "g"), "r1", c.WorkflowName.GROUP, NS, "g", "", failures)
+    group = Stuck(c.group_workflow_id(NS, "g"), "r1", c.WorkflowName.GROUP, NS, "g", "g", "", failures)
     await w.take_over(group)
     assert sink.sent == [(c.group_workflow_id(NS, "g"), c.GroupSignal.REFRESH)], "a new run of the group, at once"
-    claim = Stuck(c.claim_workflow_id(NS, "c1"), "r2", c.WorkflowName.CLAIM, NS, "g", "s1", failures)
+    claim = Stuck(c.claim_workflow_id(NS, "c1"), "r2", c.WorkflowName.CLAIM, NS, "c1", "g", "s1", failures)
     await w.take_over(claim)
     assert sink.sent[1:] == [(c.claim_workflow_id(NS, "c1"), c.ClaimSignal.OBSERVE)], "the slot observed again"
     said = {

@@ -90,6 +90,7 @@ class Stuck:
     run_id: str
     kind: str  # c.WorkflowName
     namespace: str
+    name: str  # the group's, claim's or slot's name, from the id
     group: str
     slot: str
     failures: Failures
@@ -162,11 +163,11 @@ class Doctor:
             if failures is None or not self.is_stuck(failures):
                 continue
             attrs = wf.typed_search_attributes
-            namespace, name = _parts(wf.id)
+            namespace, name = c.workflow_id_parts(wf.id)
             # A run stuck at its first task has no search attributes yet: a group's and a release's id name them.
             group = attrs.get(KEY_GROUP) or (name if wf.workflow_type == c.WorkflowName.GROUP else "")
             slot = attrs.get(KEY_SLOT) or (name if wf.workflow_type == c.WorkflowName.RELEASE else "")
-            found.append(Stuck(wf.id, wf.run_id, wf.workflow_type, namespace, group, slot, failures))
+            found.append(Stuck(wf.id, wf.run_id, wf.workflow_type, namespace, name, group, slot, failures))
         return found
 
     async def end(self, stuck: Stuck) -> bool:
@@ -189,9 +190,3 @@ class Doctor:
             except Exception:  # the watchers' next event or resync wakes it instead
                 log.exception("waking what takes %s over failed", stuck.workflow_id)
         return ended
-
-
-def _parts(workflow_id: str) -> tuple[str, str]:
-    """Namespace and name: our workflow ids are `<kind>/<namespace>/<name>` (api.contracts)."""
-    parts = workflow_id.split("/", 2)
-    return (parts[1], parts[2]) if len(parts) == 3 else ("", "")

@@ -248,9 +248,8 @@ class Watchers:
             obj, kind = self.cluster.groups.get((ns, group)), KIND_GROUP
             await self.signals.group(ns, group, c.GroupSignal.REFRESH, start=obj is not None)
         else:
-            name = stuck.workflow_id.rsplit("/", 1)[-1]
             if stuck.kind == c.WorkflowName.CLAIM:
-                obj, kind = self.cluster.claims.get((ns, name)), KIND_NODECLAIM
+                obj, kind = self.cluster.claims.get((ns, stuck.name)), KIND_NODECLAIM
                 # A run stuck at its first task has no search attributes yet: its resource names its slot.
                 slot = slot or str(spec(obj or {}).get("node") or "")
             else:
@@ -354,5 +353,5 @@ def build_watchers(
         resync=timedelta(seconds=settings.resync_seconds),
         meter=meter,
         doctor=doctor,
-        doctor_every=timedelta(seconds=settings.stuck_check_seconds or 60),
+        doctor_every=timedelta(seconds=settings.stuck_check_seconds),
     )
