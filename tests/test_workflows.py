@@ -173,6 +173,7 @@ async def test_a_decrease_forgets_an_errored_instance_and_refuses_past_it() -> N
     async with open_lab(homelab([slot("s1", startupJobFails=True)])) as lab:
         failed = await one_claim(lab)
         await lab.wait_phase(failed, "failed", within=3 * MIN)
+        await lab.wait_heard(failed, "failed")  # a decrease before the group heard it found no errored instance
         assert (await lab.snapshot())["targetSize"] == 1
         # Past the errored instance (and no pending claim) there is nothing to decrease: refused, nothing changed.
         with pytest.raises(WorkflowUpdateFailedError):
