@@ -23,7 +23,16 @@ from bench import floors
 from bench import moves as claim_tasks
 from bench.idle import layers as idle_layers
 from bench.lab import LEASE_RENEW_SECONDS, World, homelab_doc
-from bench.procs import Proc, bounded, cpu_seconds, peak_rss_mb, rss_mb, self_cpu_seconds, wait_until
+from bench.procs import (
+    Proc,
+    bounded,
+    cpu_seconds,
+    peak_rss_mb,
+    rss_mb,
+    self_cpu_seconds,
+    thread_cpu_ticks,
+    wait_until,
+)
 from bench.report import Report, Row, ms, percentile
 from bench.stages import p1_stages
 from bench.tasks import TaskTrouble, task_trouble
@@ -52,6 +61,16 @@ class Sizes:
     def wait_for(self, claims: int) -> float:
         """A generous bound for `claims` claims to move (the claims' own polls are 10-30 s)."""
         return 180.0 + 2.0 * claims
+
+
+@dataclass(frozen=True)
+class Idle:
+    """CPU s/h at rest in one window: the operator, its two floors, and the operator's clock ticks by thread kind."""
+
+    operator: float
+    bare_worker: float
+    grpc_server: float
+    threads: dict[str, int]
 
 
 @dataclass
@@ -478,23 +497,29 @@ class Figures:
             print(f"P5: {slots} slots at rest for {idle:.0f} s", flush=True)
             groups = max(1, min(10, slots // 10))
             bare = self.bare_worker(f"p5-{slots}") if slots == fewest else None
+            grpc_alone = self.idle_grpc_server(f"p5-{slots}") if slots == fewest else None
             world = await self.world(f"p5-{slots}", groups, math.ceil(slots / groups), instant=True)
             try:
                 await asyncio.sleep(min(20.0, idle))  # the first sync's reports and the group reloads settle
                 op_cpu, server_cpu, seen = cpu_seconds(world.operator.pid), self.server_cpu(), len(world.requests())
                 bare_cpu = cpu_seconds(bare.pid) if bare else 0.0
+                grpc_cpu = cpu_seconds(grpc_alone.pid) if grpc_alone else 0.0
+                threads = thread_cpu_ticks(world.operator.pid)
                 await asyncio.sleep(idle)
+                threads = {k: n - threads.get(k, 0) for k, n in thread_cpu_ticks(world.operator.pid).items()}
                 op_cpu = cpu_seconds(world.operator.pid) - op_cpu
                 server_cpu = self.server_cpu() - server_cpu
                 bare_cpu = cpu_seconds(bare.pid) - bare_cpu if bare else 0.0
+                grpc_cpu = cpu_seconds(grpc_alone.pid) - grpc_cpu if grpc_alone else 0.0
                 requests = world.requests()[seen:]
                 op_mb = world.operator_rss_mb()
                 bare_mb = rss_mb(bare.pid) if bare else 0.0
                 server_mb = rss_mb(self.temporal_pid) if self.temporal_pid else 0.0
             finally:
-                if bare is not None:
-                    bare.stop()
-                    self.report.processes[bare.name] = bare.peak_mb
+                for floor in (bare, grpc_alone):
+                    if floor is not None:
+                        floor.stop()
+                        self.report.processes[floor.name] = floor.peak_mb
                 await self.done(world)
             per_hour = 3600.0 / idle
             kinds = Counter(_kind(r) for r in requests)
@@ -518,7 +543,14 @@ class Figures:
                 listed = ", ".join(f"{k} {n}" for k, n in sorted(others.items(), key=lambda kv: -kv[1]))
                 self.report.notes.append(f"p5-{slots}: idle requests other than the Lease: {listed}")
             if bare is not None:
-                await self.idle_goals(slots, idle, op_mb, op_cpu * per_hour, bare_mb, bare_cpu * per_hour)
+                cpu_h = Idle(op_cpu * per_hour, bare_cpu * per_hour, grpc_cpu * per_hour, threads)
+                await self.idle_goals(slots, idle, op_mb, bare_mb, cpu_h)
+
+    def idle_grpc_server(self, tag: str) -> Proc:
+        """An idle gRPC server (bench.idle grpc), as the provider's: grpcio's threads at rest are part of the floor."""
+        return Proc(
+            f"idle gRPC server ({tag})", [sys.executable, "-m", "bench.idle", "grpc"], self.dir / f"grpc-{tag}.log"
+        ).start()
 
     def bare_worker(self, tag: str) -> Proc:
         """A bare Temporal worker (bench.idle) on this server and a queue of its own: the floor of P5's goals."""
@@ -533,15 +565,15 @@ class Figures:
                 f"bench-{tag}-bare",
                 str(tuning.task_pollers),
                 str(tuning.workflow_task_slots),
+                "autoscaling" if tuning.poller_autoscaling else "fixed",
             ],
             self.dir / f"bare-worker-{tag}.log",
         ).start()
 
-    async def idle_goals(
-        self, slots: int, idle: float, op_mb: float, op_cpu_h: float, bare_mb: float, bare_cpu_h: float
-    ) -> None:
-        """Issue 34's idle goals at `slots` slots: RSS and CPU against a bare worker measured in the same window,
-        and the operator's memory by layer (imports in a fresh interpreter; the rest is what running holds)."""
+    async def idle_goals(self, slots: int, idle: float, op_mb: float, bare_mb: float, cpu: Idle) -> None:
+        """Issue 34's idle goals at `slots` slots: RSS and CPU against a bare worker (and, for CPU, an idle gRPC
+        server) measured in the same window, the operator's memory by layer (imports in a fresh interpreter; the rest
+        is what running holds) and its CPU by kind of thread."""
         layers = await asyncio.to_thread(idle_layers)
         imports = layers[-1].total_mb
         kube = next(layer for layer in layers if layer.name == "Kubernetes client")
@@ -558,15 +590,32 @@ class Figures:
             )
         )
         tick = 3600.0 / idle / os.sysconf("SC_CLK_TCK")  # one clock tick in the window, in CPU s/h
+        floor_h = cpu.bare_worker + cpu.grpc_server
         self.report.add(
             Row(
                 f"P5 operator CPU at rest, {slots} slots (measured over {idle:.0f} s)",
-                f"{op_cpu_h:.1f} CPU s/h",
-                f"bare Temporal worker at rest {bare_cpu_h:.1f} CPU s/h"
-                + (f" (under one clock tick in the window: ratio against {tick:.1f})" if bare_cpu_h < tick else ""),
-                op_cpu_h / max(bare_cpu_h, tick),
+                f"{cpu.operator:.1f} CPU s/h",
+                f"bare Temporal worker at rest {cpu.bare_worker:.1f} + idle gRPC server {cpu.grpc_server:.1f}"
+                f" = {floor_h:.1f} CPU s/h"
+                + (f" (under one clock tick in the window: ratio against {tick:.1f})" if floor_h < tick else ""),
+                cpu.operator / max(floor_h, tick),
                 f"≤ {IDLE_CPU_GOAL_S_PER_H:.0f} CPU s/h",
-                {"operator_cpu_s_per_h": op_cpu_h, "bare_worker_cpu_s_per_h": bare_cpu_h},
+                {"operator_cpu_s_per_h": cpu.operator, "bare_worker_cpu_s_per_h": cpu.bare_worker,
+                 "grpc_server_cpu_s_per_h": cpu.grpc_server},
+            )
+        )  # fmt: skip
+        threads_h = {kind: n * tick for kind, n in cpu.threads.items()}
+        ended = max(0.0, cpu.operator - sum(threads_h.values()))  # threads that ended in the window count only here
+        self.report.add(
+            Row(
+                f"P5 where the operator's CPU goes at rest, {slots} slots",
+                ", ".join(f"{kind} {h:.1f}" for kind, h in sorted(threads_h.items(), key=lambda kv: -kv[1]))
+                + (f", threads that ended in the window {ended:.1f}" if ended >= tick else "")
+                + " CPU s/h",
+                f"bare Temporal worker {cpu.bare_worker:.1f}, idle gRPC server {cpu.grpc_server:.1f} CPU s/h",
+                cpu.operator / max(floor_h, tick),
+                "printed",
+                {**threads_h, "ended threads": ended},
             )
         )
         self.report.add(
@@ -587,10 +636,11 @@ class Figures:
                 f" at rest is {bare_mb:.0f} MB and the Kubernetes client's import adds {kube.added_mb:.0f} MB"
                 f" ({floor_mb:.0f} MB before any code of ours); our roles' imports add {layers[-1].added_mb:.0f} MB"
             )
-        if op_cpu_h > IDLE_CPU_GOAL_S_PER_H:
+        if cpu.operator > IDLE_CPU_GOAL_S_PER_H:
             self.report.notes.append(
-                f"p5-{slots}: CPU {op_cpu_h:.1f} s/h against the goal of {IDLE_CPU_GOAL_S_PER_H:.0f}: a bare Temporal"
-                f" worker at rest uses {bare_cpu_h:.1f} s/h in the same window"
+                f"p5-{slots}: CPU {cpu.operator:.1f} s/h against the goal of {IDLE_CPU_GOAL_S_PER_H:.0f}: a bare"
+                f" Temporal worker at rest uses {cpu.bare_worker:.1f} s/h and an idle gRPC server"
+                f" {cpu.grpc_server:.1f} in the same window"
             )
 
     def task_row(self) -> None:

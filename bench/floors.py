@@ -28,15 +28,16 @@ def _seconds(event: HistoryEvent) -> float:
 async def floor_worker(client: Client) -> AsyncIterator[Worker]:
     """A worker for the trivial workflows, in this process, on its own task queue (sandboxed, and polling, as the
     operator's)."""
+    tuning = WorkerSettings()
     worker = Worker(
         client,
         task_queue=FLOOR_QUEUE,
         workflows=[OneActivity, SignalTwoActivities],
         activities=[noop],
-        max_concurrent_workflow_tasks=WorkerSettings().workflow_task_slots,
+        max_concurrent_workflow_tasks=tuning.workflow_task_slots,
         sticky_queue_schedule_to_start_timeout=STICKY_WAIT,
-        workflow_task_poller_behavior=pollers(WorkerSettings().task_pollers),
-        activity_task_poller_behavior=pollers(WorkerSettings().task_pollers),
+        workflow_task_poller_behavior=pollers(tuning.task_pollers, autoscaling=tuning.poller_autoscaling),
+        activity_task_poller_behavior=pollers(tuning.task_pollers, autoscaling=tuning.poller_autoscaling),
     )
     async with worker:
         yield worker

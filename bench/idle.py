@@ -2,8 +2,10 @@
 
 `layers()` imports each layer in the operator's order (Python itself, the Temporal client, its worker, the Kubernetes
 client, our roles) in one fresh interpreter, and each alone in another (the layer's floor). `python -m bench.idle
-ADDRESS QUEUE POLLS SLOTS` is a bare Temporal worker (one trivial workflow and activity, polling as the operator's
-does) until SIGTERM: the least a process that is a Temporal worker costs at rest.
+ADDRESS QUEUE POLLS SLOTS fixed|autoscaling` is a bare Temporal worker (one trivial workflow and activity, polling
+as the operator's does) until SIGTERM: the least a process that is a Temporal worker costs at rest. `python -m
+bench.idle grpc` is an idle gRPC server (grpc.aio, as the provider's) until SIGTERM: what serving cluster-autoscaler
+costs at rest before any code of ours.
 """
 
 from __future__ import annotations
@@ -74,15 +76,19 @@ def layers() -> list[Layer]:
     return found
 
 
-async def _bare_worker(address: str, queue: str, polls: int, slots: int) -> None:
+async def _bare_worker(address: str, queue: str, polls: int, slots: int, autoscaling: bool) -> None:
     """Temporal's own imports only (no module of ours: `homelab_autoscaler.temporal` would bring the workflows and
     the API models), with the operator's task slots and polls (as `homelab_autoscaler.temporal.pollers` builds them)."""
     from temporalio.client import Client
-    from temporalio.worker import PollerBehaviorAutoscaling, Worker
+    from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum, Worker
 
     from bench.trivial import OneActivity, noop
 
-    polling = PollerBehaviorAutoscaling(minimum=1, maximum=polls, initial=min(5, polls))
+    polling = (
+        PollerBehaviorAutoscaling(minimum=1, maximum=polls, initial=min(5, polls))
+        if autoscaling
+        else PollerBehaviorSimpleMaximum(polls)
+    )
     client = await Client.connect(address)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -100,12 +106,34 @@ async def _bare_worker(address: str, queue: str, polls: int, slots: int) -> None
         await stop.wait()
 
 
+async def _idle_grpc_server() -> None:
+    """A grpc.aio server on a loopback port with no service and no client: grpcio's own threads at rest."""
+    import grpc
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    server = grpc.aio.server()
+    server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print("serving", flush=True)
+    await stop.wait()
+    await server.stop(None)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        print("python -m bench.idle ADDRESS QUEUE POLLS SLOTS: a bare Temporal worker until SIGTERM", file=sys.stderr)
+    if argv == ["grpc"]:
+        asyncio.run(_idle_grpc_server())
+        return 0
+    if len(argv) != 5 or argv[4] not in ("fixed", "autoscaling"):
+        print(
+            "python -m bench.idle ADDRESS QUEUE POLLS SLOTS fixed|autoscaling: a bare Temporal worker until SIGTERM\n"
+            "python -m bench.idle grpc: an idle gRPC server until SIGTERM",
+            file=sys.stderr,
+        )
         return 2
-    address, queue, polls, slots = argv
-    asyncio.run(_bare_worker(address, queue, int(polls), int(slots)))
+    address, queue, polls, slots, mode = argv
+    asyncio.run(_bare_worker(address, queue, int(polls), int(slots), mode == "autoscaling"))
     return 0
 
 

@@ -100,6 +100,27 @@ def cpu_seconds(pid: int) -> float:
     return total / ticks
 
 
+# What a thread's name (its comm) says it is: Temporal's Rust runtime names its threads tokio-*, gRPC's C core its
+# own; every Python thread keeps the interpreter's name (Python does not name OS threads).
+THREAD_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Temporal's runtime", ("tokio",)),
+    ("the provider's gRPC server", ("event_engine", "grpc", "lifeguard", "default-executo", "resolver-execut")),
+)
+PYTHON_THREADS = "Python (the event loop, the watch and activity threads)"
+
+
+def thread_cpu_ticks(pid: int) -> dict[str, int]:
+    """Clock ticks each kind of thread of `pid` has used so far (THREAD_KINDS; the rest are Python's)."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            kind = next((k for k, prefixes in THREAD_KINDS if comm.startswith(prefixes)), PYTHON_THREADS)
+            out[kind] = out.get(kind, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
 def rss_mb(pid: int) -> float:
     return sum(_status_kb(p, "VmRSS") for p in _tree(pid)) / 1024
 

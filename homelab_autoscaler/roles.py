@@ -27,7 +27,7 @@ from temporalio.runtime import Runtime
 from activities import KubeActivities
 from admission.settings import WebhookSettings
 from homelab_autoscaler.errors import UserError
-from homelab_autoscaler.health import PING_TIMEOUT, HealthServer, Probe, Reachability
+from homelab_autoscaler.health import API_PING_EVERY, PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.ports import Port, check_free, free_port, split_address
 from homelab_autoscaler.settings import (
     DevSettings,
@@ -160,6 +160,7 @@ async def worker(p: Process) -> None:
         task_queue=queue.task_queue,
         max_activity_threads=tuning.activity_threads,
         task_pollers=tuning.task_pollers,
+        poller_autoscaling=tuning.poller_autoscaling,
         workflow_task_slots=tuning.workflow_task_slots,
         max_cached_workflows=tuning.cached_workflows,
     )
@@ -321,7 +322,9 @@ async def compose(
         f"Temporal at {temporal_settings.address}",
         lambda: client.service_client.check_health(timeout=timedelta(seconds=PING_TIMEOUT)),
     )
-    api = Reachability("the Kubernetes API server", lambda: asyncio.to_thread(kube.ping, PING_TIMEOUT))
+    api = Reachability(
+        "the Kubernetes API server", lambda: asyncio.to_thread(kube.ping, PING_TIMEOUT), every=API_PING_EVERY
+    )
     health.add(temporal.probe())
     health.add(api.probe())
     process = Process(settings, client, kube, stop, health, temporal)

@@ -25,7 +25,9 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     Interceptor,
+    PollerBehavior,
     PollerBehaviorAutoscaling,
+    PollerBehaviorSimpleMaximum,
     UnsandboxedWorkflowRunner,
     Worker,
     WorkerTuner,
@@ -229,13 +231,18 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
 
 
-def pollers(most: int) -> PollerBehaviorAutoscaling:
-    """Task polls that Temporal scales between one and `most` (for workflow tasks, and as many for activities).
+def pollers(count: int, *, autoscaling: bool = False) -> PollerBehavior:
+    """`count` task polls held at once (for workflow tasks, and as many for activities), or with `autoscaling` as
+    many as Temporal asks for between one and `count`.
 
-    Five fixed polls (the SDK's default) take one task each per round trip: with 200 claims booting, workflow
-    tasks waited 1-4 s (p50) in the queue while the worker's event loop idled, and P1 was 16 s instead of 3.
+    Five polls (the SDK's default) took one task each per round trip: with 200 claims booting, workflow tasks
+    waited 1-4 s (p50) in the queue while the worker's event loop idled. Ten fixed polls kept P1 at 200 where the
+    autoscaler up to 50 had it (p99 2.97 against 3.62 s, issue 34), and at rest they cost 0.5 CPU s/h where the
+    autoscaler's own ticks cost 8-11: the most of an idle operator's CPU (docs/decisions.md).
     """
-    return PollerBehaviorAutoscaling(minimum=1, maximum=most, initial=min(5, most))
+    if autoscaling:
+        return PollerBehaviorAutoscaling(minimum=1, maximum=count, initial=min(5, count))
+    return PollerBehaviorSimpleMaximum(count)
 
 
 # Workflow tasks share one interpreter: the SDK's default of 100 at once let a burst of 300 claims take tasks it
@@ -251,7 +258,8 @@ def build_worker(
     *,
     task_queue: str = TASK_QUEUE,
     max_activity_threads: int = 16,
-    task_pollers: int = 50,
+    task_pollers: int = 10,
+    poller_autoscaling: bool = False,
     workflow_task_slots: int = 8,
     max_cached_workflows: int = 300,
     sandboxed: bool = True,
@@ -279,6 +287,6 @@ def build_worker(
         tuner=tuner,
         max_concurrent_workflow_tasks=None if tuner is not None else workflow_task_slots,
         sticky_queue_schedule_to_start_timeout=STICKY_WAIT,
-        workflow_task_poller_behavior=pollers(task_pollers),
-        activity_task_poller_behavior=pollers(task_pollers),
+        workflow_task_poller_behavior=pollers(task_pollers, autoscaling=poller_autoscaling),
+        activity_task_poller_behavior=pollers(task_pollers, autoscaling=poller_autoscaling),
     )

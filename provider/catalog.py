@@ -25,7 +25,7 @@ from kube import views
 from kube.adapter import GROUPS, JSON, SLOTS, Kube, Resource
 from kube.errors import KubeError
 from kube.objects import meta, spec
-from kube.watch import DELETED, SYNCED, Watch
+from kube.watch import DELETED, SYNCED, WATCH_WINDOW, Watch
 from provider.errors import unavailable
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class Catalog:
         self._mutex = threading.Lock()
 
     # --- watched --------------------------------------------------------------------------------------------
-    def watch(self, window: int = 30) -> None:
+    def watch(self, window: int = WATCH_WINDOW) -> None:
         """Follow the Groups and slots of every served namespace, each watch on a thread of its own."""
         for ns in self.namespaces:
             for res in (GROUPS, SLOTS):

@@ -45,6 +45,7 @@ ROWS = (
     "P5 idle footprint",
     "P5 operator RSS at rest",
     "P5 operator CPU at rest",
+    "P5 where the operator's CPU goes",
     "P5 where the operator's memory goes",
     "Workflow tasks timed out",
 )

@@ -324,6 +324,7 @@ BAD_VALUES: dict[str, str] = {
     "namespaces": "Not_A_Namespace",
     "activity_threads": "0",
     "task_pollers": "0",
+    "poller_autoscaling": "maybe",
     "workflow_task_slots": "0",
     "cached_workflows": "0",
     "provider_address": "nonsense",

@@ -64,6 +64,28 @@ def test_one_leader_renews_and_a_follower_waits(kube: Kube) -> None:
     assert lease is not None and lease["spec"]["holderIdentity"] == "a"
 
 
+def test_a_leader_renews_with_one_write_and_still_sees_a_takeover(emulator: EmulatorServer, kube: Kube) -> None:
+    """An idle leader's renewal is one guarded write, not a read and a write (issue 34's idle cost); a write by
+    anyone else changes the version, so the next renewal reads the Lease again and yields to a live new holder."""
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert a.tick(T0)
+    seen = len(emulator.emulator.requests)
+    for s in (5, 10, 15):
+        assert a.tick(T0 + timedelta(seconds=s))
+    renewals = [r.verb for r in emulator.emulator.requests[seen:] if r.plural == "leases"]
+    assert renewals == ["patch", "patch", "patch"], renewals
+    # Someone else's write lands (a hand edit that keeps the holder): the renewal re-reads and goes on.
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None
+    kube.patch_lease(NS, "watch", {"leaseDurationSeconds": 15}, lease["metadata"]["resourceVersion"])
+    assert a.tick(T0 + timedelta(seconds=20)), "still the holder after a write that left it the holder"
+    # a is cut off past the Lease's duration, b takes over: a's guarded renewal conflicts, it reads, it yields.
+    assert b.tick(T0 + timedelta(seconds=36))
+    assert not a.tick(T0 + timedelta(seconds=37)), "a renewal guarded by an old version never takes it back"
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+
+
 def test_hand_over_when_the_leader_stops(kube: Kube) -> None:
     a, b = elector(kube, "a"), elector(kube, "b")
     assert a.tick(T0)
@@ -283,3 +305,10 @@ async def test_the_process_hands_over_to_its_watch_threads_after_one_listing_how
 def test_settings_defaults_and_environment(monkeypatch: object) -> None:
     s = WatchSettings(lease_duration_seconds=30)
     assert s.lease_duration_seconds == 30 and s.lease_name == "homelab-autoscaler-watch" and s.identity
+
+
+def test_the_watch_window_setting_defaults_to_the_watches_own() -> None:
+    """The settings module stays free of the Kubernetes client's import, so it repeats the number."""
+    from kube.watch import WATCH_WINDOW
+
+    assert WatchSettings().watch_window_seconds == WATCH_WINDOW

@@ -4,6 +4,10 @@ Every change of the Lease is a compare-and-set on its resourceVersion: of two re
 write lands and the other gets a Conflict and stays a follower. The holder renews; another replica takes the
 Lease over once it has not been renewed for its duration, or at once when the holder released it on stop.
 
+A leader renews with one write guarded by the resourceVersion its own last write returned, not a read and a
+write: the Lease is ours until someone else's write, and that write changes the version, so the renewal then gets a
+Conflict and the tick reads the Lease as a follower would (an idle leader's Lease requests halve, issue 34).
+
 The leader stops acting on its own before anyone may take over: it counts itself leader only until
 `renew_deadline` (two thirds of the duration) after its last successful renewal, so a leader cut off from the
 API server has stopped writing before the Lease expires for the others.
@@ -43,6 +47,7 @@ class LeaderElector:
     leading: bool = False
     renewed_at: datetime | None = None
     transitions: int = 0  # how many times this replica became leader
+    held_version: str = ""  # the Lease's resourceVersion our own last write returned ("" when unknown)
 
     @property
     def renew_deadline(self) -> timedelta:
@@ -71,7 +76,20 @@ class LeaderElector:
         self.leading = got
         return got
 
+    def _wrote(self, lease: Any, now: datetime) -> bool:
+        """Book a write of ours that landed: renewed at `now`, and the version the next renewal is guarded by."""
+        self.held_version = str(meta(lease).get("resourceVersion") or "") if isinstance(lease, dict) else ""
+        self.renewed_at = now
+        return True
+
     def _try(self, now: datetime) -> bool:
+        if self.leading and self.held_version:
+            try:
+                return self._wrote(self.kube.patch_lease(self.namespace, self.name, self._spec(now),
+                                                         self.held_version), now)  # fmt: skip
+            except Conflict:
+                self.held_version = ""  # written by someone else since: read it, as a follower would
+        self.held_version = ""
         lease = self.kube.get_lease(self.namespace, self.name)
         if lease is None:
             created = self.kube.create_lease(
@@ -79,25 +97,22 @@ class LeaderElector:
             )
             if created is None:
                 return False
-            self.renewed_at = now
-            return True
+            return self._wrote(created, now)
         held = spec(lease)
         holder = str(held.get("holderIdentity") or "")
         rv = str(meta(lease).get("resourceVersion") or "")
         if holder == self.identity:
             try:
-                self.kube.patch_lease(self.namespace, self.name, self._spec(now), rv)
+                return self._wrote(self.kube.patch_lease(self.namespace, self.name, self._spec(now), rv), now)
             except Conflict:
                 return False
-            self.renewed_at = now
-            return True
         renewed = parse_time(held.get("renewTime"))
         lasts = timedelta(seconds=float(held.get("leaseDurationSeconds") or self.duration.total_seconds()))
         if holder and renewed is not None and now <= renewed + lasts:
             return False
         transitions = int(held.get("leaseTransitions") or 0) + (1 if holder else 0)
         try:
-            self.kube.patch_lease(
+            taken = self.kube.patch_lease(
                 self.namespace,
                 self.name,
                 self._spec(now, acquireTime=micro_time(now), leaseTransitions=transitions),
@@ -105,13 +120,12 @@ class LeaderElector:
             )
         except Conflict:
             return False
-        self.renewed_at = now
-        return True
+        return self._wrote(taken, now)
 
     def release(self, now: datetime) -> None:
         """Give the Lease up on stop, so a follower takes over at its next tick instead of after the duration."""
         was = self.leading
-        self.leading = False
+        self.leading, self.held_version = False, ""
         if not was:
             return
         try:

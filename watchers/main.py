@@ -27,6 +27,7 @@ from domain.timings import TIMINGS
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, Kube, ObjectRef, Resource
 from kube.errors import KubeError
 from kube.objects import meta, spec
+from kube.watch import WATCH_WINDOW
 from watchers.cluster import Cluster
 from watchers.dispatch import Dispatcher
 from watchers.doctor import Doctor, Stuck
@@ -59,7 +60,7 @@ class Watchers:
         elector: LeaderElector | None = None,
         clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
-        window: int = 30,
+        window: int = WATCH_WINDOW,
         resync: timedelta = timedelta(minutes=5),
         coalesce: timedelta = TIMINGS.report_coalesce,
         meter: MetricMeter | None = None,

@@ -34,7 +34,8 @@ class WatchSettings(BaseModel):
         description="this replica's name as Lease holder",
         json_schema_extra={"shown_default": "<host name>-<pid>"},
     )
-    watch_window_seconds: int = Field(30, ge=1, le=600, description="the server-side timeout of one watch request")
+    # kube.watch.WATCH_WINDOW, which says why (tests/test_leader.py holds them equal).
+    watch_window_seconds: int = Field(300, ge=1, le=600, description="the server-side timeout of one watch request")
     resync_seconds: float = Field(300.0, gt=0, description="upper bound between two passes over every report")
     stuck_check_seconds: float = Field(
         60.0, ge=0, description="how often the leader looks for workflows whose task fails for good (0: never)"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kube.adapter import Kube, Resource
-from kube.watch import SYNCED, Watch, WatchEvent
+from kube.watch import SYNCED, WATCH_WINDOW, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class Source:
     kube: Kube
     resource: Resource
     namespace: str | None = None
-    window: int = 30
+    window: int = WATCH_WINDOW
     retry_delay: float = 1.0
     watch: Watch = field(init=False)
     synced: bool = False
