@@ -12,7 +12,7 @@ import grpc
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from bench.procs import bounded, free_port
 from bench.trivial import FLOOR_QUEUE, OneActivity, SignalTwoActivities, noop
@@ -63,11 +63,15 @@ async def one_activity_burst(client: Client, n: int, timeout: float) -> tuple[fl
     return time.monotonic() - began, handles[0].id
 
 
-async def replay_seconds(client: Client, workflow_id: str, workflows: Sequence[type], times: int = 10) -> float:
+async def replay_seconds(
+    client: Client, workflow_id: str, workflows: Sequence[type], times: int = 10, *, sandboxed: bool = True
+) -> float:
     """The mean time to replay a workflow's (last run's) history in this process, sandboxed as the operator's
-    worker does: what a workflow evicted from the cache costs at its next task."""
+    worker does: what a workflow evicted from the cache costs at its next task. Unsandboxed, what the code costs
+    without the sandbox building the workflow's modules afresh for the run (the share the sandbox adds)."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    replayer = Replayer(workflows=workflows, workflow_runner=sandbox_runner(), data_converter=DATA_CONVERTER)
+    runner = sandbox_runner() if sandboxed else UnsandboxedWorkflowRunner()
+    replayer = Replayer(workflows=workflows, workflow_runner=runner, data_converter=DATA_CONVERTER)
     await replayer.replay_workflow(history)  # the first replay imports the workflow's modules
     began = time.perf_counter()
     for _ in range(times):

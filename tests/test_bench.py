@@ -38,6 +38,7 @@ ROWS = (
     "P4 workflow tasks per lifecycle",
     "P4 history events",
     "P4 replay of a lifecycle",
+    "P4 replay of the same history without the sandbox",
     "P4 API writes per claim phase move",
     "P4 API writes in an idle minute",
     "P1 staggered",
