@@ -41,6 +41,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-seconds", type=float, default=d.idle_seconds, help="P4: idle window, reported per minute")
     p.add_argument("--p1-boot-spread", default="20,80", help="P1 staggered: kubelets up LOW,HIGH s after their Job")
     p.add_argument("--p5-slots", default="3,100", help="P5: slot counts whose idle footprint is measured")
+    p.add_argument(
+        "--p5-goal-seconds", type=float, default=d.p5_goal_seconds, help="P5: the idle window at the fewest slots"
+    )
     p.add_argument("--only", default=",".join(FIGURES), help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     p.add_argument("--keep", type=Path, default=None, help="keep logs and the Temporal database in this directory")
@@ -55,6 +58,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--p5-slots takes whole numbers (3,100); --p1-boot-spread two seconds (20,80)")
     if not args.p5_slots or min(args.p5_slots) < 1 or not 0 <= low <= high:
         p.error("--p5-slots: at least one count of 1 or more; --p1-boot-spread: 0 <= LOW <= HIGH")
+    if args.p5_goal_seconds <= 0:
+        p.error("--p5-goal-seconds: a window of more than 0 seconds")
     args.p1_boot_spread = (low, high)
     return args
 
@@ -67,7 +72,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
         asyncio.get_running_loop().add_signal_handler(signum, task.cancel)
     sizes = Sizes(
         args.p1_claims, args.p2_slots, args.p3_groups, args.p3_slots, args.p3_calls, args.idle_seconds,
-        p1_boot_spread=args.p1_boot_spread, p5_slots=args.p5_slots,
+        p1_boot_spread=args.p1_boot_spread, p5_slots=args.p5_slots, p5_goal_seconds=args.p5_goal_seconds,
     )  # fmt: skip
     report = Report(sizes=vars(sizes) | {"cpus": os.cpu_count()})
     began = time.monotonic()

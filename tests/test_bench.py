@@ -58,7 +58,7 @@ def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = [sys.executable, "-m", "bench", "--p1-claims", "2", "--p2-slots", "2", "--p3-groups", "2",
             "--p3-slots", "2", "--p3-calls", "5", "--idle-seconds", "6", "--p1-boot-spread", "1,3",
-            "--p5-slots", "2", "--json", str(out)]  # fmt: skip
+            "--p5-slots", "2", "--p5-goal-seconds", "6", "--json", str(out)]  # fmt: skip
     with subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         try:
             stdout, _ = proc.communicate(timeout=150)
