@@ -84,6 +84,12 @@ def test_a_leader_renews_with_one_write_and_still_sees_a_takeover(emulator: Emul
     assert not a.tick(T0 + timedelta(seconds=37)), "a renewal guarded by an old version never takes it back"
     lease = kube.get_lease(NS, "watch")
     assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+    # The Lease deleted under its holder: the guarded renewal finds nothing, and the tick creates it again at once.
+    assert b.tick(T0 + timedelta(seconds=40))
+    emulator.emulator.delete_object("coordination.k8s.io/v1", "leases", NS, "watch")
+    assert b.tick(T0 + timedelta(seconds=45)), "a deleted Lease is created again by the holder's next tick"
+    lease = kube.get_lease(NS, "watch")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "b"
 
 
 def test_hand_over_when_the_leader_stops(kube: Kube) -> None:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kube.adapter import Kube
-from kube.errors import Conflict, KubeError
+from kube.errors import Conflict, KubeError, NotFound
 from kube.objects import meta, spec
 from watchers.cluster import parse_time
 
@@ -87,8 +87,8 @@ class LeaderElector:
             try:
                 return self._wrote(self.kube.patch_lease(self.namespace, self.name, self._spec(now),
                                                          self.held_version), now)  # fmt: skip
-            except Conflict:
-                self.held_version = ""  # written by someone else since: read it, as a follower would
+            except (Conflict, NotFound):
+                pass  # written (or deleted) by someone else since: read it, as a follower would
         self.held_version = ""
         lease = self.kube.get_lease(self.namespace, self.name)
         if lease is None:
