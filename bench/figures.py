@@ -512,9 +512,11 @@ class Figures:
                 idle = max(idle, self.sizes.p5_goal_seconds)
             print(f"P5: {slots} slots at rest for {idle:.0f} s", flush=True)
             groups = max(1, min(10, slots // 10))
+            world = await self.world(f"p5-{slots}", groups, math.ceil(slots / groups), instant=True)
+            # The floors start once the world's ports are bound: each binds a port the kernel picks, which could be
+            # one the world had picked and not bound yet (an operator refused its health port that way).
             bare = self.bare_worker(f"p5-{slots}") if slots == fewest else None
             grpc_alone = self.idle_grpc_server(f"p5-{slots}") if slots == fewest else None
-            world = await self.world(f"p5-{slots}", groups, math.ceil(slots / groups), instant=True)
             try:
                 await asyncio.sleep(min(20.0, idle))  # the first sync's reports and the group reloads settle
                 op_cpu, server_cpu, seen = cpu_seconds(world.operator.pid), self.server_cpu(), len(world.requests())
