@@ -7,7 +7,9 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 STAMP     := $(VENV)/.installed
 
-.PHONY: help test quick run lint typecheck unit crds docs proto histories upgrade e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins soak chaos bench bytecode clean
+FUZZ_SECONDS ?= 60
+
+.PHONY: fuzz help test quick run system lint typecheck unit crds docs proto histories upgrade e2e e2e-real e2e-pods e2e-power power-images cluster-bins node-bins temporal-bins soak chaos bench bytecode clean
 
 help: ## what each target does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -17,12 +19,12 @@ $(VENV)/bin/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(RUN_STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
-	$(BIN)/pip install --quiet -e '.[sim]' -e ./sim
+	@tools/pip-install.sh $(BIN)/pip -e '.[sim]' -e ./sim
 	$(MAKE) --no-print-directory bytecode
 	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml sim/pyproject.toml | $(VENV)/bin/python
-	$(BIN)/pip install --quiet -e '.[test]' -e ./sim
+	@tools/pip-install.sh $(BIN)/pip -e '.[test]' -e ./sim
 	$(MAKE) --no-print-directory bytecode
 	touch $(RUN_STAMP) $(STAMP)
 
@@ -41,6 +43,9 @@ lint: $(STAMP) ## ruff, formatting, and the import contract (.importlinter: the 
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 
+fuzz: $(STAMP) ## the provider's request decoding and the webhook's review handling under atheris, FUZZ_SECONDS each
+	$(BIN)/python -m tests.fuzz.run $(FUZZ_SECONDS)
+
 typecheck: $(STAMP) ## mypy
 	$(BIN)/mypy
 
@@ -48,17 +53,23 @@ typecheck: $(STAMP) ## mypy
 # servers and processes, so more workers than cores), each handed one test at a time, the `long` ones first
 # (tests/conftest.py); then the tests marked `serial` in one process (they read what the whole run did, or are
 # timed against a deadline). Each part prints its ten slowest tests; both always run, and a failure in either
-# fails the target.
+# fails the target. The tests marked `system` (a whole system of real processes for a minute or more: the model
+# adversary, the chaos run, the bench, the Web UI in Chromium, `dev` end to end) are `make system`'s, in .ci/run.
 TEST_WORKERS ?= 4
-unit: $(STAMP) ## the whole pytest suite: in parallel, then the serial tests (~7 min of CPU time on 2 cores)
+unit: $(STAMP) ## the pytest suite but the system runs: in parallel, then the serial tests (~4 min on 2 cores)
 	@usage=$$(mktemp -d) && trap 'rm -rf "$$usage"' EXIT && export HOMELAB_RBAC_USAGE="$$usage" && \
-	echo "$(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial' --durations=10" && \
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m 'not serial' --durations=10; parallel=$$?; \
+	echo "$(BIN)/pytest -n $(TEST_WORKERS) -m 'not serial and not system' --durations=10" && \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m 'not serial and not system' --durations=10; parallel=$$?; \
 	echo "$(BIN)/pytest -m serial --durations=10" && \
-	$(BIN)/pytest -p no:xdist -m serial --durations=10; serial=$$?; \
+	$(BIN)/pytest -p no:xdist -m 'serial and not system' --durations=10; serial=$$?; \
 	test $$parallel -eq 0 && test $$serial -eq 0
 
-test: lint typecheck unit ## what CI runs: lint, typecheck, every test
+# Whole systems of real processes, each a minute or more of the machine: not the edit loop, but CI's (.ci/run).
+SYSTEM_WORKERS ?= 2
+system: $(STAMP) ## the whole-system runs: model adversary, chaos, bench, Web UI, `dev` end to end (~5 min)
+	$(BIN)/pytest -n $(SYSTEM_WORKERS) --dist load --maxschedchunk 1 -m system --durations=0 -rs -p no:cacheprovider
+
+test: lint typecheck unit ## lint, typecheck and the suite (CI adds `make system` and the real tiers: .ci/run)
 
 # The pure rules and the tables, in seconds: the loop while editing domain/, api/ or a workflow's tables.
 QUICK_TESTS := tests/test_law.py tests/test_claims.py tests/test_fsm.py tests/test_history.py tests/test_group_choice.py \
@@ -71,8 +82,9 @@ crds: $(STAMP) ## regenerate the CRDs from api/v2alpha1.py
 	$(BIN)/python -m api.crds
 
 # docs/configuration.md from the resource models and the settings sections; a test fails when it is stale.
-docs: $(STAMP) ## regenerate docs/configuration.md
+docs: $(STAMP) ## regenerate docs/configuration.md and the chart's README
 	$(BIN)/python -m homelab_autoscaler.docs
+	$(BIN)/python tools/chart_readme.py
 
 proto: $(STAMP) ## regenerate the externalgrpc stubs
 	$(BIN)/python -m proto.generate
@@ -120,7 +132,7 @@ e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 
 # The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~10 min cold, seconds when cached
 # in ~/.cache/homelab-autoscaler/cluster-bins/<versions>): kube-apiserver, controller-manager, scheduler, kubectl,
-# etcd, KWOK and helm; and cluster-autoscaler, from the module proxy or else from the source tarball
+# etcd, KWOK, helm and promtool; and cluster-autoscaler, from the module proxy or else from the source tarball
 # HOMELAB_CLUSTER_AUTOSCALER_SOURCE names (.ci/run finds it in ../shared). tests/realcluster/versions.env holds the
 # versions and the tarball's sha256.
 cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-autoscaler
@@ -129,10 +141,10 @@ cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-
 # The story on that control plane, driven by cluster-autoscaler with deploy/cluster-autoscaler's flags (the real one
 # when one can be had, else the project's stand-in: the run's first line says which; HOMELAB_E2E_DRIVER=ca, as CI
 # sets it, fails a run without the real one), with the RBAC audit and the emulator-versus-real diff.
-# First the Helm chart against deploy/ (tests/test_chart.py): `make test` skips it until helm is built, here a
-# missing binary fails it.
+# First the Helm chart against deploy/ (tests/test_chart.py) and `promtool check metrics` on the operator's /metrics
+# (tests/test_metrics_lint.py): `make test` skips them until helm and promtool are built, here a missing binary fails.
 e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~6 min)
-	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py -q -rs -p no:cacheprovider
+	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py tests/test_metrics_lint.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 # The power examples against real BMCs (issue 31; root, network namespaces, runc): tests/machineroom/setup.sh installs
@@ -154,11 +166,16 @@ e2e-power: $(STAMP) power-images cluster-bins node-bins ## every power example a
 node-bins: ## build (or reuse) the real node's programs from the Go module proxy
 	tests/realcluster/build-node.sh
 
+# The bundled Temporal's programs for the stand-ins of its official images (temporal-server, temporal-sql-tool, the
+# Web UI's server), built from Go modules into the same cache, keyed by tests/realcluster/versions.env (~4 min cold).
+temporal-bins: ## build (or reuse) the bundled Temporal's server, SQL tool and Web UI server from Go modules
+	tests/realcluster/build-temporal.sh
+
 # The product as a user installs it, on a real node (root; Debian's containerd, runc, CNI plugins, buildah...; the
 # packages are installed when missing): images built from the Dockerfile, the Helm chart installed, upgraded and
 # uninstalled by helm (~2.5 min), deploy/ applied by docs/install.md's commands, the story through real Pods.
 # docs/realcluster.md, "The real node".
-e2e-pods: $(STAMP) cluster-bins node-bins ## the product's images, the chart and deploy/ on a real kubelet (root, ~18 min warm)
+e2e-pods: $(STAMP) cluster-bins node-bins temporal-bins ## the product's images, the chart and deploy/ on a real kubelet (root, ~18 min warm)
 	tests/realcluster/node-packages.sh
 	HOMELAB_E2E_PODS=1 $(BIN)/pytest -m realpods tests/realcluster -v -s -rs -p no:cacheprovider
 

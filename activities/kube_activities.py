@@ -20,12 +20,23 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.drain import blocked_words, drain_round
 from activities.jobs import build_job, pod_spec_field
 from activities.tell import tell_group
 from api import contracts as c
 from api import names
 from api.names import Failure, JobType
-from api.v2alpha1 import ClaimDigest, Node, NodeClaim, NodeClaimSpec, ObjectMeta, OwnerReference, parse_duration
+from api.v2alpha1 import (
+    DEFAULT_DRAIN_TIMEOUT,
+    ClaimDigest,
+    Node,
+    NodeClaim,
+    NodeClaimSpec,
+    ObjectMeta,
+    OwnerReference,
+    parse_duration,
+)
+from domain.drain import forced
 from kube import views
 from kube.adapter import CLAIMS, GROUPS, JOBS, SLOTS, Kube, ObjectRef
 from kube.errors import Invalid, KubeError, NotFound
@@ -107,6 +118,8 @@ class KubeActivities:
             self.uncordon_slot,
             self.open_gate,
             self.slot_event,
+            self.drain_slot,
+            self.drain_blocked,
             self.load_group,
             tell_group,
         ]
@@ -449,6 +462,76 @@ class KubeActivities:
             self.kube.create_event(
                 ref, ev.reason, message, warning=ev.warning, now=self.clock(), occurrence=_occurrence(), fact=ev.fact
             )
+
+    # --- the drain before a power-off --------------------------------------------------------------------
+    def _claim_annotations(self, namespace: str, claim: str) -> dict[str, str]:
+        if not claim:
+            return {}
+        try:
+            return dict(_meta(self.kube.get_raw(CLAIMS, namespace, claim)).get("annotations") or {})
+        except NotFound:
+            return {}
+
+    def _drain_bound(self, namespace: str, slot: Mapping[str, Any]) -> int:
+        """The group's drainTimeout in seconds; unset (or unreadable: the CRD refuses a bad one) is the default."""
+        group = self._group(namespace, str(_spec(slot).get("group") or "")) or {}
+        raw = _spec(group).get("drainTimeout")
+        try:
+            bound = parse_duration(raw) if raw else DEFAULT_DRAIN_TIMEOUT
+        except ValueError:
+            bound = DEFAULT_DRAIN_TIMEOUT
+        return int(bound.total_seconds())
+
+    @activity.defn(name=c.Act.DRAIN)
+    def drain_slot(self, req: c.DrainRequest) -> c.DrainRound:
+        """One round of the drain of the slot's kubelet Node (no Node is nothing to drain). A forced drain that
+        found the node empty takes the force annotation off the slot: it was for this power-off only."""
+        what = f"drain slot {req.namespace}/{req.slot}"
+        slot = self._slot(req.namespace, req.slot)
+        node_name = self._node_name(slot, req.namespace, req.slot)
+        with _mapped(what):
+            bound = self._drain_bound(req.namespace, slot)
+            force = forced(_meta(slot).get("annotations"), self._claim_annotations(req.namespace, req.claim))
+            if self.kube.get_node(node_name) is None:
+                return c.DrainRound(forced=force, bound_seconds=bound)
+            done = drain_round(self.kube, node_name, forced=force, bound_seconds=bound)
+            if force and done.done and names.ANNOTATION_FORCE_DRAIN in (_meta(slot).get("annotations") or {}):
+                patch = {"metadata": {"annotations": {names.ANNOTATION_FORCE_DRAIN: None}}}
+                self.kube.patch_raw(SLOTS, req.namespace, req.slot, patch)
+        return done
+
+    @activity.defn(name=c.Act.DRAIN_BLOCKED)
+    def drain_blocked(self, req: c.DrainBlocked) -> None:
+        """The Warning of a drain past its bound, on the claim (when there is one) and the slot: it names the Pods
+        in the way and the budget or annotation that holds each, read now (so no name is in the history)."""
+        what = f"say why the drain of slot {req.namespace}/{req.slot} is blocked"
+        slot = self._slot(req.namespace, req.slot)
+        node_name = self._node_name(slot, req.namespace, req.slot)
+        with _mapped(what):
+            words = blocked_words(self.kube, node_name) or "no Pod is left now"
+            message = (
+                f"the drain before the power-off has waited {req.waited} for {req.left} Pods: {words}. The machine "
+                f"stays on and the drain goes on; annotate the claim or slot {names.ANNOTATION_FORCE_DRAIN}=true "
+                "to delete them instead"
+            )
+            refs = [ObjectRef(names.KIND_NODE, req.namespace, req.slot, str(_meta(slot).get("uid") or ""))]
+            if req.claim:
+                try:
+                    claim = self.kube.get_raw(CLAIMS, req.namespace, req.claim)
+                    uid = str(_meta(claim).get("uid") or "")
+                    refs.insert(0, ObjectRef(names.KIND_NODECLAIM, req.namespace, req.claim, uid))
+                except NotFound:
+                    pass
+            for ref in refs:
+                self.kube.create_event(
+                    ref,
+                    names.EventReason.DRAIN_BLOCKED,
+                    message,
+                    warning=True,
+                    now=self.clock(),
+                    occurrence=_occurrence(),
+                    fact=req.fact,
+                )
 
     # --- the group ---------------------------------------------------------------------------------------
     @activity.defn(name=c.Act.LOAD_GROUP)

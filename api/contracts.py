@@ -333,6 +333,49 @@ class SlotEvent:
     fact: str = ""  # what the Event says when more than one run may say it (see StatusWrite.event_fact)
 
 
+# --- the drain before a power-off ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DrainRequest:
+    """Drain the slot's kubelet Node; `claim` (empty for law 3) is where a force annotation and a Warning also go."""
+
+    namespace: str
+    slot: str
+    claim: str = ""
+
+
+@dataclass(frozen=True)
+class DrainRound:
+    """What one round of a drain left, as counts only: no Pod's name or spec ever lands in a history.
+
+    `left` Pods still to go (being evicted or terminating), of which `refused` a budget refused this round and
+    `held` an annotation holds; `bound_seconds` the group's drain timeout; `forced` a person's annotation.
+    """
+
+    left: int = 0
+    evicted: int = 0
+    refused: int = 0
+    held: int = 0
+    forced: bool = False
+    bound_seconds: int = 600
+
+    @property
+    def done(self) -> bool:
+        return self.left == 0
+
+
+@dataclass(frozen=True)
+class DrainBlocked:
+    """Say once that a drain is past its bound: how long it waited and how many Pods are left (the activity
+    reads and names them); `fact` makes a repeat by another run of the same power-off no Event."""
+
+    namespace: str
+    slot: str
+    claim: str
+    waited: str
+    left: int
+    fact: str = ""
+
+
 # --- jobs -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobRequest:
@@ -554,6 +597,8 @@ class Act:
     SLOT_EVENT = "slot_event"
     LOAD_GROUP = "load_group"
     RECORD_SCALE = "record_scale"
+    DRAIN = "drain_slot"  # one round of the drain before a power-off: evict what may go, count what is left
+    DRAIN_BLOCKED = "drain_blocked"  # the Warning that names the Pods and budgets in the way (read, never carried)
     TELL_GROUP = "tell_group"  # a claim's move to its group: a signal sent by the worker, not a workflow command
 
 

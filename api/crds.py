@@ -242,6 +242,8 @@ _USAGE_COLUMNS = [
     _column("Off%", ".status.usage.offPercent", "number", "Share of the observed time off or booting, in percent"),
     _column("Saved(Wh)", ".status.usage.energySavedWh", "number", "Energy saved against always on, in Wh"),
     _column("Used(Wh)", ".status.usage.energyUsedWh", "number", "Energy used in the period, in Wh", priority=1),
+    # The moment the figures are counted to (kubectl shows its age): a slot's and its Group's add up only at one moment.
+    _column("Counted", ".status.usage.countedTo", "date", "The moment the usage figures are counted to"),
 ]
 
 _COLUMNS: dict[str, list[Schema]] = {
@@ -290,7 +292,7 @@ def crd(kind: str, schema: Schema) -> Schema:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{plural}.{names.GROUP}",
-            "labels": {names.LABEL_MANAGED_BY: names.MANAGED_BY},
+            "labels": {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_UNINSTALL: names.UNINSTALL_KEEP},
         },
         "spec": {
             "group": names.GROUP,

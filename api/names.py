@@ -37,9 +37,39 @@ ANNOTATION_SHUTDOWN_ATTEMPT = f"{GROUP}/shutdown-attempt"
 # On an Event: the fact it says, when more than one run may say it; one Event per object, reason and fact.
 ANNOTATION_EVENT_FACT = f"{GROUP}/fact"
 
+# Set to "true" on a slot or its claim by a person: the drain before its power-off deletes the Pods that block it
+# (a budget, a do-not-disrupt annotation) instead of waiting; the operator removes it from the slot once used.
+ANNOTATION_FORCE_DRAIN = f"{GROUP}/force-drain"
+# The autoscalers' own "leave this Pod alone" annotations, honoured alike: either blocks a power-off.
+ANNOTATION_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+# A static Pod's mirror on the API server: the kubelet owns it, an eviction cannot move it.
+ANNOTATION_MIRROR_POD = "kubernetes.io/config.mirror"
+
 FINALIZER_CLAIM = f"{GROUP}/claim"
 
 PROVIDER_ID_SCHEME = "homelab"
+
+# On the CRDs and the namespace (issue 44): `kubectl delete -k <overlay> -l 'homelab-autoscaler.dev/uninstall!=keep'`
+# removes the install and keeps them, and so every Group, slot and claim (docs/install.md, "Uninstalling").
+LABEL_UNINSTALL = "homelab-autoscaler.dev/uninstall"
+UNINSTALL_KEEP = "keep"
+
+# cluster-autoscaler's InstanceErrorClass (cloudprovider.OutOfResourcesErrorClass, OtherErrorClass): a failed boot is
+# "other" (99); cluster-autoscaler backs the group off either way, and "out of resources" (1) also marks it full.
+ERROR_CLASS_OUT_OF_RESOURCES = 1
+ERROR_CLASS_OTHER = 99
+ERROR_CLASS_WORDS = {
+    ERROR_CLASS_OUT_OF_RESOURCES: "out of resources",
+    ERROR_CLASS_OTHER: "other error: cluster-autoscaler backs the group off",
+}
+
+
+def error_class_words(error_class: int) -> str:
+    """An instance error's class as cluster-autoscaler names it, in words beside its number ("class 99" alone said
+    nothing to a reader)."""
+    return f"class {error_class}, {ERROR_CLASS_WORDS.get(error_class, 'a class cluster-autoscaler does not name')}"
+
 
 # --- bounded names (the API server's limits) -----------------------------------------------------------
 # A slot's or a Group's name may be a whole DNS-1123 subdomain (253 characters), but a label value holds 63 and
@@ -247,6 +277,9 @@ class EventReason(StrEnum):
     INVALID_ANNOTATION = "InvalidAnnotation"
     # A workflow whose task failed for good was ended, so the operator takes it over from this object.
     WORKFLOW_STUCK = "WorkflowStuck"
+    # The drain before a power-off: still in the way past its bound (which Pods, which budget), or forced by a person.
+    DRAIN_BLOCKED = "DrainBlocked"
+    DRAIN_FORCED = "DrainForced"
 
 
 class Failure(StrEnum):

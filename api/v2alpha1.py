@@ -215,6 +215,9 @@ ProvisionTime = Annotated[
     PlainSerializer(format_duration, return_type=str, when_used="json"),
     _schema_at_most(_DAY),
 ]
+#: The drain bound when a Group sets none: cluster-autoscaler's own default for a Pod's graceful termination.
+DEFAULT_DRAIN_TIMEOUT = timedelta(minutes=10)
+DEFAULT_DRAIN_TIMEOUT_TEXT = "10m"
 #: cluster-autoscaler's scale-down timings (at most a week).
 ScaleDownTime = Annotated[
     timedelta,
@@ -444,6 +447,12 @@ class GroupSpec(_Spec):
         default=None,
         description="How long a machine may take to be ready before its claim fails (at most 24h); the provision "
         "time in force is never below the boot budget of 12m10s.",
+    )
+    drain_timeout: ProvisionTime | None = Field(
+        default=None,
+        description="How long the drain before a power-off may wait for the node's Pods to leave before a Warning "
+        "names the ones in the way (at most 24h); the machine stays on and the drain goes on. Unset: "
+        f"{DEFAULT_DRAIN_TIMEOUT_TEXT}.",
     )
     zero_or_max_node_scaling: bool | None = Field(
         default=None, description="Scale the group all the way up or all the way down, never in between."

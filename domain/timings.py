@@ -28,6 +28,10 @@ class Timings:
     # A scale-down: the uncordon retry ceiling, how long a finished shutdown Job has to show the machine off.
     max_uncordon_retry_interval: timedelta = timedelta(seconds=10)
     shutdown_verify_timeout: timedelta = timedelta(minutes=2)
+    # The drain before a power-off: its first pause between rounds, doubling up to the last (a blocked drain's
+    # history grows by a round a minute at most).
+    drain_poll_first: timedelta = timedelta(seconds=2)
+    drain_poll_max: timedelta = timedelta(minutes=1)
     # Attempts: failed boots in a row before a slot is refused, and the quiet that resets a shutdown streak.
     max_consecutive_attempts: int = 3
     shutdown_streak_reset_grace: timedelta = timedelta(minutes=30)

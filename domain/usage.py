@@ -176,6 +176,38 @@ def energy(tally: Tally, draw: PowerDraw | None) -> Energy | str | None:
     return Energy(used_wh=used, always_on_wh=draw.on_watts * (on + off))
 
 
+JOULES_PER_WH = 3600.0
+
+
+def joules(draw: PowerDraw | None, grown: Mapping[UsageState, float], boots: int) -> tuple[float, float] | None:
+    """The energy, in joules, of `grown` more seconds by state and `boots` more boots at this draw: (used, what
+    always on would have used), the same rule as `energy`; None without a whole draw."""
+    if draw is None or draw.missing():
+        return None
+    assert draw.on_watts is not None and draw.off_watts is not None and draw.boot_watt_hours is not None
+    on = sum(v for s, v in grown.items() if s in POWERED)
+    off = sum(v for s, v in grown.items() if s not in POWERED)
+    used = draw.on_watts * on + draw.off_watts * off + draw.boot_watt_hours * JOULES_PER_WH * boots
+    return used, draw.on_watts * (on + off)
+
+
+def power_watts(state: UsageState, draw: PowerDraw | None) -> float | None:
+    """The draw the slot's declared figures give for its state now (`onWatts` observed on, `offWatts` otherwise: a
+    boot's own draw is a lump per boot, as in `energy`); None when the figure for the state is not declared."""
+    if draw is None:
+        return None
+    return draw.on_watts if state in POWERED else draw.off_watts
+
+
+def at(tally: Tally, now: datetime) -> Tally:
+    """The tally brought up to `now`: the wall-clock time since it was counted goes to the state it holds (a machine's
+    current state counts up to the moment its figures are read); nothing when `now` is not later."""
+    gap = (now - tally.counted_to).total_seconds()
+    if gap <= 0:
+        return tally
+    return count(tally, gap, tally.state, now)
+
+
 def off_percent(seconds: Mapping[UsageState, float]) -> float | None:
     """The share of the observed time spent with the kubelet not Ready, in percent (None before any time)."""
     observed = sum(seconds.values())
@@ -244,6 +276,24 @@ MOVING = frozenset(
 )
 
 
+def status_at(stored: SlotUsage, now: datetime) -> SlotUsage:
+    """A slot's `status.usage` as a reader brings it up to `now` (its state then counts up to `now`, at the draw it
+    was written with): what the demo and a sum over slots show, so figures counted to different moments add up."""
+    tally = from_status(stored)
+    if tally is None:
+        return stored
+    held = stored.draw
+    draw = (
+        None
+        if held is None
+        else PowerDraw(on_watts=held.on_watts, off_watts=held.off_watts, boot_watt_hours=held.boot_watt_hours)
+    )
+    moved = at(tally, now)
+    # Whole seconds, as a status holds them, before the energy: the figures shown are the ones the energy is of.
+    whole = replace(moved, seconds={s: float(round(v)) for s, v in moved.seconds.items()})
+    return to_status(whole, draw)
+
+
 def settled_part(usage: SlotUsage | GroupUsage | None) -> dict[str, object] | None:
     """The fields of a usage that change only with an event (a move, a boot, a reset, a draw): a difference there is
     written at once; the rest waits for the flush interval."""
@@ -258,13 +308,14 @@ def _hours(seconds: float) -> str:
 
 
 def group_usage(parts: Iterable[tuple[Tally, PowerDraw | None]], now: datetime) -> GroupUsage | None:
-    """The group's figures: its slots' tallies summed at one instant (None for a group with no slot counted)."""
-    tallies = list(parts)
+    """The group's figures: its slots' tallies, each brought up to `now` (`at`), summed at that one instant (None for
+    a group with no slot counted)."""
+    tallies = [(at(tally, now), draw) for tally, draw in parts]
     if not tallies:
         return None
     seconds = _zeros()
     unobserved = 0.0
-    used = always_on = 0.0
+    used = always_on = saved = 0.0  # each slot's as its status rounds it: the group's figure is their sum, exactly
     with_energy = 0
     for tally, draw in tallies:
         for state, value in tally.seconds.items():
@@ -273,8 +324,9 @@ def group_usage(parts: Iterable[tuple[Tally, PowerDraw | None]], now: datetime) 
         found = energy(tally, draw)
         if isinstance(found, Energy):
             with_energy += 1
-            used += found.used_wh
-            always_on += found.always_on_wh
+            used += _wh(found.used_wh)
+            always_on += _wh(found.always_on_wh)
+            saved += _wh(found.saved_wh)
     since = min(t.since for t, _ in tallies)
     boots = sum(t.boots for t, _ in tallies)
     shutdowns = sum(t.shutdowns for t, _ in tallies)
@@ -290,17 +342,18 @@ def group_usage(parts: Iterable[tuple[Tally, PowerDraw | None]], now: datetime) 
         doc |= {
             "energy_used_wh": _wh(used),
             "energy_always_on_wh": _wh(always_on),
-            "energy_saved_wh": _wh(always_on - used),
+            "energy_saved_wh": _wh(saved),
         }
     share = off_percent(seconds)
     said = [
         f"off {share if share is not None else 0:.1f}% of {_hours(sum(seconds.values()))} observed on "
-        f"{len(tallies)} slot{'s' if len(tallies) != 1 else ''} since {since:%Y-%m-%dT%H:%M:%SZ}",
+        f"{len(tallies)} slot{'s' if len(tallies) != 1 else ''} from {since:%Y-%m-%dT%H:%M:%SZ} to "
+        f"{now:%Y-%m-%dT%H:%M:%SZ}",
         f"{boots} boot{'s' if boots != 1 else ''}, {shutdowns} shutdown{'s' if shutdowns != 1 else ''}",
     ]
     if with_energy:
         said.append(
-            f"{always_on - used:.1f} Wh saved of {always_on:.1f} Wh always on ({used:.1f} Wh used; "
+            f"{saved:.1f} Wh saved of {always_on:.1f} Wh always on ({used:.1f} Wh used; "
             f"{with_energy} of {len(tallies)} slots have a whole powerDraw)"
         )
     else:

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from api import names
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from proto import k8s_node_pb2
@@ -77,7 +78,11 @@ def _nodes(stub: Any, call: Call) -> str:
     rows: list[tuple[str, ...]] = [("INSTANCE", "STATE", "ERROR")]
     for inst in resp.instances:
         err = inst.status.errorInfo
-        error = f"{err.errorCode} (class {err.instanceErrorClass}): {err.errorMessage}" if err.errorCode else "-"
+        error = (
+            f"{err.errorCode} ({names.error_class_words(err.instanceErrorClass)}): {err.errorMessage}"
+            if err.errorCode
+            else "-"
+        )
         rows.append((inst.id, STATES.get(inst.status.instanceState, "?"), error))
     return _table(rows)
 

@@ -1,6 +1,6 @@
 """The one console script, `homelab-autoscaler`: each subcommand is a role of the operator or a tool for people.
 
-The commands that run roles come from one table (`homelab_autoscaler.roles.ROLES`), and each takes exactly the
+The commands that run roles come from one table (`homelab_autoscaler.commands.COMMANDS`), and each takes exactly the
 settings sections its roles read (`homelab_autoscaler.settings`). Every setting is a flag (`--temporal-address`),
 an environment variable (`HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS`) and a key of the YAML file given with
 `--config` (`temporal_address`), in that order of precedence over the defaults. A bad value, a busy port or a
@@ -27,10 +27,10 @@ import click
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from temporalio.service import RPCError
 
-from api.addresses import check_host, check_host_port
+from api.addresses import check_dns_label, check_host, check_host_port
 from homelab_autoscaler import autoscaler
+from homelab_autoscaler.commands import COMMANDS, DEV_HELP, DEV_SECTIONS
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.settings import SECTIONS, LoggingSettings, Settings, TemporalSettings
 
@@ -235,20 +235,41 @@ class SettingsCommand(click.Command):
                 formatter.write_dl(records)
 
 
+#: A reader that closed the pipe (`claims show ... | head`): what a shell reports for a writer SIGPIPE ended.
+BROKEN_PIPE_EXIT = 128 + 13
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away: nothing more is printed (nor Python's "Exception ignored" at exit, which a
+    flush to the closed pipe would say), as `cat` and `grep` end under `head`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return BROKEN_PIPE_EXIT
+
+
 def _finish(command: str, run: Callable[[], int]) -> NoReturn:
     """Run a command that used a Temporal client, say any failure in one line, and leave through os._exit."""
     try:
         rc = run()
+        sys.stdout.flush()
     except KeyboardInterrupt:
         rc = 130
+    except BrokenPipeError:
+        rc = _pipe_closed()
     except UserError as err:
         print(f"{PROG} {command}: {err}", file=sys.stderr)
         rc = 2
-    except RPCError as err:  # Temporal answered, and refused: its words, not the SDK's frames
-        print(f"{PROG} {command}: Temporal refused: {err.message} ({err.status.name})", file=sys.stderr)
-        rc = 1
-    except (OSError, RuntimeError, TimeoutError) as err:
-        print(f"{PROG} {command}: {err}", file=sys.stderr)
+    except Exception as err:
+        # Here, not at the top: the SDK is imported by the command that ran, never by `--help` or a bad flag.
+        from temporalio.service import RPCError
+
+        if isinstance(err, RPCError):  # Temporal answered, and refused: its words, not the SDK's frames
+            print(f"{PROG} {command}: Temporal refused: {err.message} ({err.status.name})", file=sys.stderr)
+        elif isinstance(err, (OSError, RuntimeError, TimeoutError)):
+            print(f"{PROG} {command}: {err}", file=sys.stderr)
+        else:
+            raise
         rc = 1
     # A process that used a Temporal client can abort in interpreter teardown while the SDK's Rust threads still
     # run (PyGILState_Release, temporalio/sdk-python#300). Everything is stopped and flushed by now: skip it.
@@ -259,8 +280,6 @@ def _finish(command: str, run: Callable[[], int]) -> NoReturn:
 
 
 def _role_command(name: str) -> SettingsCommand:
-    from homelab_autoscaler import roles
-
     def run(settings: Settings, _: dict[str, Any]) -> int:
         from homelab_autoscaler.roles import preflight, run_command, setup_logging
 
@@ -268,13 +287,11 @@ def _role_command(name: str) -> SettingsCommand:
         setup_logging(settings.section(LoggingSettings))
         _finish(name, lambda: asyncio.run(run_command(name, settings)))
 
-    command = roles.ROLES[name]
+    command = COMMANDS[name]
     return SettingsCommand(name, command.sections, run, help=command.help)
 
 
 def _dev_command() -> SettingsCommand:
-    from homelab_autoscaler import roles
-
     def run(settings: Settings, _: dict[str, Any]) -> int:
         from homelab_autoscaler.roles import dev_preflight, dev_role, setup_logging
 
@@ -282,7 +299,62 @@ def _dev_command() -> SettingsCommand:
         setup_logging(settings.section(LoggingSettings))
         _finish("dev", lambda: asyncio.run(dev_role(settings, simulate)))
 
-    return SettingsCommand("dev", roles.DEV_SECTIONS, run, help=roles.DEV_HELP)
+    return SettingsCommand("dev", DEV_SECTIONS, run, help=DEV_HELP)
+
+
+# --- temporal-setup: the bundled Temporal's namespace, search attributes and PostgreSQL password --------------------
+SETUP_SECTIONS = ("temporal", "kube")
+
+
+def _duration(value: str) -> object:
+    """`72h`, `7d`, `30m`: a retention as Temporal's CLI writes one."""
+    from datetime import timedelta
+
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    if len(value) < 2 or value[-1] not in units or not value[:-1].isdigit() or int(value[:-1]) <= 0:
+        raise ValueError(f"{value!r} is not a duration like 72h, 7d or 30m")
+    return timedelta(seconds=int(value[:-1]) * units[value[-1]])
+
+
+def _setup_command() -> SettingsCommand:
+    def run(settings: Settings, args: dict[str, Any]) -> int:
+        from datetime import timedelta
+
+        from homelab_autoscaler.setup import SetupPlan, setup_temporal
+        from kube.adapter import Kube
+        from kube.settings import KubeSettings
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        temporal = settings.section(TemporalSettings)
+        retention = _duration(args["retention"])
+        assert isinstance(retention, timedelta)
+        plan = SetupPlan(args["secret_namespace"], args["postgresql_secret"] or "", retention, args["wait_seconds"])
+        core = None
+        if plan.secret_name:
+            from kubernetes import client as k8s
+
+            core = k8s.CoreV1Api(Kube.for_settings(settings.section(KubeSettings)).api_client)
+        _finish("temporal-setup", lambda: asyncio.run(setup_temporal(temporal, plan, core)))
+
+    params: list[click.Parameter] = [
+        click.Option(["--retention"], default="7d", show_default=True, callback=_checked(_duration),
+                     help="how long Temporal keeps a closed claim's history (set when the namespace is registered)"),
+        click.Option(["--postgresql-secret"], default="", envvar=ENV_PREFIX + "POSTGRESQL_SECRET",
+                     help="a Secret to create with a random `password` when absent (never replaced)  "
+                          f"[env: {ENV_PREFIX}POSTGRESQL_SECRET]"),
+        click.Option(["--secret-namespace"], default=CLAIMS_NAMESPACE, envvar=ENV_PREFIX + "POD_NAMESPACE",
+                     show_default=True, help=f"the Secret's namespace  [env: {ENV_PREFIX}POD_NAMESPACE]"),
+        click.Option(["--wait-seconds"], type=click.FloatRange(min=1, max=3600), default=600.0, show_default=True,
+                     help="how long to wait for the Temporal frontend to answer"),
+    ]  # fmt: skip
+    return SettingsCommand(
+        "temporal-setup",
+        SETUP_SECTIONS,
+        run,
+        help="the bundled Temporal's PostgreSQL password Secret, the operator's namespace and search attributes "
+        "(idempotent: the operator's init container runs it on every start)",
+        params=params,
+    )
 
 
 # --- claims: a client of Temporal, nothing more --------------------------------------------------------------------
@@ -293,19 +365,22 @@ def _claims_command(
     name: str,
     help: str,
     params: list[click.Parameter],
-    action: Callable[..., Coroutine[Any, Any, int]],
+    action: str,
 ) -> SettingsCommand:
+    """`action` names the coroutine of homelab_autoscaler.claims, imported (with the Temporal client) when it runs."""
+
     def run(settings: Settings, args: dict[str, Any]) -> int:
+        from homelab_autoscaler import claims
+
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         temporal = settings.section(TemporalSettings)
-        _finish(f"claims {name}", lambda: asyncio.run(action(temporal, **args)))
+        command: Callable[..., Coroutine[Any, Any, int]] = getattr(claims, action)
+        _finish(f"claims {name}", lambda: asyncio.run(command(temporal, **args)))
 
     return SettingsCommand(name, CLAIMS_SECTIONS, run, help=help, params=params)
 
 
 def _claims_group() -> click.Group:
-    from homelab_autoscaler import claims
-
     namespace = click.Option(
         ["--namespace"], default=CLAIMS_NAMESPACE, show_default=True, help="the claim's Kubernetes namespace"
     )
@@ -319,7 +394,7 @@ def _claims_group() -> click.Group:
                 click.Option(["--slot"], help="only the claims of this slot"),
                 click.Option(["--phase"], type=click.Choice(PHASES), help="only the claims in this phase"),
             ],
-            claims.list_command,
+            "list_command",
         )
     )
     group.add_command(
@@ -327,7 +402,7 @@ def _claims_group() -> click.Group:
             "show",
             "a claim's timeline from its workflow history, then what it waits for now",
             [click.Argument(["name"]), namespace],
-            claims.show_command,
+            "show_command",
         )
     )
     group.add_command(
@@ -335,10 +410,55 @@ def _claims_group() -> click.Group:
             "reset-shutdown-streak",
             "let a paused scale-down fire again now",
             [click.Argument(["name"]), namespace],
-            claims.reset_command,
+            "reset_command",
         )
     )
     return group
+
+
+# --- certs: the install's own certificates (mTLS with no cert-manager) ------------------------------------------------
+CERTS_SECTIONS = ("kube", "logging")
+
+
+def _certs_command() -> SettingsCommand:
+    def run(settings: Settings, args: dict[str, Any]) -> int:
+        from homelab_autoscaler.certs import CertSetup
+        from homelab_autoscaler.roles import setup_logging
+        from kube.adapter import Kube
+        from kube.errors import KubeError
+        from kube.settings import KubeSettings
+
+        setup_logging(settings.section(LoggingSettings))
+
+        def once() -> int:
+            kube = Kube.for_settings(settings.section(KubeSettings))
+            try:
+                for line in CertSetup(kube, args["namespace"]).run():
+                    print(line, flush=True)
+            except (KubeError, ValueError) as err:
+                raise UserError(str(err)) from None
+            finally:
+                kube.close()
+            return 0
+
+        _finish("certs", once)
+
+    namespace = click.Option(
+        ["--namespace"],
+        default=CLAIMS_NAMESPACE,
+        show_default=True,
+        envvar=ENV_PREFIX + "CERTS_NAMESPACE",
+        help=f"the operator's namespace, where the Secrets are  [env: {ENV_PREFIX}CERTS_NAMESPACE]",
+        callback=_checked(check_dns_label),
+    )
+    return SettingsCommand(
+        "certs",
+        CERTS_SECTIONS,
+        run,
+        help="issue or renew the provider's, the webhook's and cluster-autoscaler's certificates into Secrets "
+        "(idempotent; Secrets it did not write are left alone)",
+        params=[namespace],
+    )
 
 
 # --- autoscaler: the provider called as cluster-autoscaler calls it ------------------------------------------------
@@ -417,28 +537,28 @@ def _autoscaler_group() -> click.Group:
 
 
 def build_cli() -> click.Group:
-    """The whole command tree: the role commands from `roles.ROLES`, dev, claims and autoscaler."""
-    from homelab_autoscaler import roles
-
+    """The whole command tree: the role commands from `commands.COMMANDS`, dev, claims and autoscaler. Nothing of
+    the roles is imported until one runs."""
     context = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
     cli = click.Group(PROG, help=__doc__.split("\n\n")[0], context_settings=context)
     # The release, as pyproject.toml says and the image's tag repeats (CHANGELOG.md).
     click.version_option(package_name="homelab-autoscaler", prog_name=PROG, message="%(prog)s %(version)s")(cli)
-    for name in roles.ROLES:
+    for name in COMMANDS:
         cli.add_command(_role_command(name))
     cli.add_command(_dev_command())
+    cli.add_command(_setup_command())
     cli.add_command(_claims_group())
     cli.add_command(_autoscaler_group())
+    cli.add_command(_certs_command())
     return cli
 
 
 def commands() -> Iterator[tuple[str, tuple[str, ...]]]:
     """Every command that takes settings and its sections, for docs/configuration.md."""
-    from homelab_autoscaler import roles
-
-    for name, command in roles.ROLES.items():
+    for name, command in COMMANDS.items():
         yield name, command.sections
-    yield "dev", roles.DEV_SECTIONS
+    yield "dev", DEV_SECTIONS
+    yield "temporal-setup", SETUP_SECTIONS
     yield "claims list/show/reset-shutdown-streak", CLAIMS_SECTIONS
 
 
@@ -446,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, validate the settings, run the chosen role or tool; a mistake is one line and exit code 2."""
     try:
         result = build_cli().main(args=argv, prog_name=PROG, standalone_mode=False)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _pipe_closed()
     except click.UsageError as err:
         where = err.ctx.command_path if err.ctx else PROG
         print(f"{where}: {err.format_message()} (see {where} --help)", file=sys.stderr)

@@ -22,6 +22,7 @@ from temporalio.common import SearchAttributeKey, TypedSearchAttributes
 from api import contracts as c
 from api import names
 from api.v2alpha1 import GroupUsage, SlotUsage
+from domain import usage
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 
@@ -96,7 +97,8 @@ async def run_demo(provider_address: str, group: str = "workers") -> None:
 
         bad = await _until("the broken machine's claim to fail", failed, 180)
         err = bad.status.errorInfo
-        say(f"failed boot on {bad.id}: {err.errorCode} (class {err.instanceErrorClass}): {err.errorMessage}")
+        said = names.error_class_words(err.instanceErrorClass)
+        say(f"failed boot on {bad.id}: {err.errorCode} ({said}): {err.errorMessage}")
 
 
 async def demo_task(
@@ -152,7 +154,7 @@ def _crd_path(kube_url: str, namespace: str, plural: str, name: str = "") -> str
 
 
 def _wh(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+    return "-" if value is None else f"{value:.3f}"
 
 
 async def what_it_saved(kube_url: str, namespace: str, group: str) -> None:
@@ -165,38 +167,54 @@ async def what_it_saved(kube_url: str, namespace: str, group: str) -> None:
         held = obj.get("status") or {}
         return obj if held.get("usage") and held.get("health") == "degraded" else None
 
-    group_obj = await _until(f"group {group}'s usage figures to be written", written, 30)
-    total = GroupUsage.model_validate(group_obj["status"]["usage"])
-    listed = await asyncio.to_thread(_http, _crd_path(kube_url, namespace, names.PLURAL_NODES))
-    slots = {
-        item["metadata"]["name"]: SlotUsage.model_validate(item["status"]["usage"])
-        for item in listed["items"]
-        if item["spec"].get("group") == group and (item.get("status") or {}).get("usage")
-    }
+    await _until(f"group {group}'s usage figures to be written", written, 30)
+
+    async def slot_figures() -> dict[str, SlotUsage]:
+        listed = await asyncio.to_thread(_http, _crd_path(kube_url, namespace, names.PLURAL_NODES))
+        return {
+            item["metadata"]["name"]: SlotUsage.model_validate(item["status"]["usage"])
+            for item in listed["items"]
+            if item["spec"].get("group") == group and (item.get("status") or {}).get("usage")
+        }
+
+    async def snapshot() -> tuple[GroupUsage, dict[str, SlotUsage]] | None:
+        """The group's figures and its slots' as the writer summed them: no slot written between the two reads."""
+        before = await slot_figures()
+        obj = await written()
+        after = await slot_figures()
+        if obj is None or before != after:
+            return None
+        return GroupUsage.model_validate(obj["status"]["usage"]), after
+
+    total, slots = await _until(f"group {group}'s and its slots' figures to hold still", snapshot, 30)
     assert total.counted_to is not None
-    windows = {
-        name: {"since": u.since.isoformat(), "until": (u.counted_to or total.counted_to).isoformat()}
-        for name, u in slots.items()
-        if u.since is not None
-    }
-    own = (await asyncio.to_thread(_http, f"{kube_url}/_sim/usage", {"windows": windows}))["slots"]
-    group_windows = {name: {**w, "until": total.counted_to.isoformat()} for name, w in windows.items()}
-    own_total = (await asyncio.to_thread(_http, f"{kube_url}/_sim/usage", {"windows": group_windows}))["total"]
+    at = total.counted_to
+    # Every slot brought up to the group's moment: the slots' rows then add up to the group's (domain.usage.at).
+    slots = {name: usage.status_at(u, at) for name, u in slots.items()}
+    windows = {name: {"since": u.since.isoformat(), "until": at.isoformat()} for name, u in slots.items() if u.since}
+    answer = await asyncio.to_thread(_http, f"{kube_url}/_sim/usage", {"windows": windows})
+    own, own_total = answer["slots"], answer["total"]
     say("what it saved: the operator's usage figures (status.usage, counted from watch events) beside the simulated")
-    say("homelab's own record of its kubelets' Ready periods, over the same windows (each slot's since to the time its")
-    say("figures were last written; the group's at one instant): operator (homelab)")
-    say(f"  {'slot':<10} {'counted':>8} {'on s':>14} {'off+booting s':>16} {'boots':>7} {'off%':>13} {'saved Wh':>16}")
+    say("homelab's own record of its kubelets' Ready periods, over the same windows, every figure counted to one")
+    say(f"moment, {at:%H:%M:%S} UTC (each slot's written figures brought up to it): operator (homelab)")
+    say(f"  {'slot':<10} {'on s':>14} {'off+booting s':>16} {'boots':>7} {'off%':>13} {'saved Wh':>16}")
     for name, u in sorted(slots.items()):
         h = own[name]
-        to = f"{u.counted_to:%H:%M:%S}" if u.counted_to else "-"
         say(
-            f"  {name:<10} {to:>8} {u.on_seconds + u.draining_seconds:>6} ({h['onSeconds']:>5.0f}) "
+            f"  {name:<10} {u.on_seconds + u.draining_seconds:>6} ({h['onSeconds']:>5.0f}) "
             f"{u.off_seconds + u.booting_seconds:>7} ({h['offSeconds']:>6.0f}) {u.boots:>2} ({h['boots']:>2}) "
             f"{u.off_percent or 0:>5.1f} ({h['offPercent'] or 0:>5.1f}) "
             f"{_wh(u.energy_saved_wh):>7} ({_wh(h.get('energySavedWh')):>6})"
         )
+    saved = [u.energy_saved_wh for u in slots.values() if u.energy_saved_wh is not None]
     say(
-        f"  group {group}, {total.since:%H:%M:%S} to {total.counted_to:%H:%M:%S} UTC: "
+        f"  {'sum':<10} {sum(u.on_seconds + u.draining_seconds for u in slots.values()):>6} {'':>7} "
+        f"{sum(u.off_seconds + u.booting_seconds for u in slots.values()):>7} {'':>8} "
+        f"{sum(u.boots for u in slots.values()):>2} {'':>4} {'':>13} {_wh(sum(saved) if saved else None):>7}"
+    )
+    say(
+        f"  group {group}, {total.since:%H:%M:%S} to {at:%H:%M:%S} UTC: "
+        f"{total.on_seconds + total.draining_seconds} s on, {total.off_seconds + total.booting_seconds} s off, "
         f"off {total.off_percent or 0:.1f}% ({own_total['offPercent'] or 0:.1f}%), "
         f"saved {_wh(total.energy_saved_wh)} Wh ({_wh(own_total.get('energySavedWh'))} Wh), "
         f"used {_wh(total.energy_used_wh)} Wh ({_wh(own_total.get('energyUsedWh'))} Wh), "

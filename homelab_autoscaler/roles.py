@@ -26,6 +26,7 @@ from temporalio.runtime import Runtime
 
 from activities import KubeActivities
 from admission.settings import WebhookSettings
+from homelab_autoscaler.commands import COMMANDS, ROLE_SECTIONS, CommandSpec
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import API_PING_EVERY, PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.ports import Port, check_free, free_port, split_address
@@ -223,56 +224,43 @@ async def webhook(p: Process) -> None:
 @dataclass(frozen=True)
 class Role:
     """A role of the operator: what it runs in a process, and the settings sections it reads besides the
-    process's own (`PROCESS_SECTIONS`)."""
+    process's own (`commands.ROLE_SECTIONS`, `commands.PROCESS_SECTIONS`)."""
 
     name: str
     run: Callable[[Process], Coroutine[Any, Any, None]]
-    sections: tuple[str, ...]
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return ROLE_SECTIONS[self.name]
 
 
-WORKER = Role("worker", worker, ("queue", "worker"))
-PROVIDER = Role("provider", provider, ("queue", "namespaces", "provider"))
-WATCH = Role("watch", watch, ("queue", "namespaces", "watch"))
-# The two servers the cluster calls go together: cluster-autoscaler calls the provider, the API server the webhook.
-WEBHOOK = Role("webhook", webhook, ("webhook",))
-
-# What every process that runs roles reads: Temporal and the API server, its health and metrics, its logging.
-PROCESS_SECTIONS = ("temporal", "kube", "health", "metrics", "logging")
+WORKER = Role("worker", worker)
+PROVIDER = Role("provider", provider)
+WATCH = Role("watch", watch)
+WEBHOOK = Role("webhook", webhook)
+_BY_NAME = {role.name: role for role in (WORKER, PROVIDER, WATCH, WEBHOOK)}
 
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand that runs roles in one process; it takes exactly the settings sections they read."""
+    """A subcommand of `commands.COMMANDS` with its roles: what a process of it runs."""
 
-    help: str
+    spec: CommandSpec
     roles: tuple[Role, ...]
 
     @property
+    def help(self) -> str:
+        return self.spec.help
+
+    @property
     def sections(self) -> tuple[str, ...]:
-        wanted = {*PROCESS_SECTIONS, *(s for role in self.roles for s in role.sections)}
-        return tuple(name for name in Settings.model_fields if name in wanted)
+        return self.spec.sections
 
 
-# The commands that run roles, each in one process (run is the homelab default: all three on one client). The
-# command line, its settings and docs/configuration.md are built from this table.
+# The table of homelab_autoscaler.commands, each name with the roles it runs.
 ROLES: dict[str, Command] = {
-    "run": Command(
-        "worker + provider + watchers (+ the admission webhook) in one process (the homelab default)",
-        (WORKER, PROVIDER, WATCH, WEBHOOK),
-    ),
-    "worker": Command("the Temporal worker: every workflow and activity on one task queue", (WORKER,)),
-    "provider": Command(
-        "the externalgrpc CloudProvider server cluster-autoscaler calls (+ the NodeClaim admission webhook)",
-        (PROVIDER, WEBHOOK),
-    ),
-    "watch": Command("the watchers (observations become signals) and the slot/group report writer", (WATCH,)),
+    name: Command(spec, tuple(_BY_NAME[role] for role in spec.roles)) for name, spec in COMMANDS.items()
 }
-
-# `dev` runs `run` on an embedded Temporal server of its own: no Temporal client settings, the dev section.
-DEV_HELP = "an embedded Temporal server with its Web UI, then `run` (--simulate: no cluster needed)"
-DEV_SECTIONS = tuple(
-    name for name in Settings.model_fields if name == "dev" or (name in ROLES["run"].sections and name != "temporal")
-)
 
 
 def process_ports(settings: Settings, roles: tuple[Role, ...]) -> list[Port]:

@@ -3,7 +3,7 @@
 A section is a pydantic model of one concern (reaching Temporal, the provider's server, the watchers' Lease...);
 each field's alias (else its name) is the setting's name: the flag `--<name>`, the environment variable
 `HOMELAB_AUTOSCALER_<NAME>` and the config file's key `<name>`, one meaning each across every command. A
-command fills only the sections its roles read (`homelab_autoscaler.roles.ROLES`), so `claims list` offers no
+command fills only the sections its roles read (`homelab_autoscaler.commands.COMMANDS`), so `claims list` offers no
 worker setting and a role cannot read a setting its command never took. Owners keep their own section
 (`kube/settings.py`, `provider/settings.py`, `watchers/settings.py`, `admission/settings.py`); the rest are here.
 """

@@ -77,6 +77,7 @@ PODS = Resource("", "v1", "pods", "Pod", True)
 RESOURCES: dict[type[BaseModel], Resource] = {Group: GROUPS, Node: SLOTS, NodeClaim: CLAIMS}
 EVENTS = Resource("", "v1", "events", "Event", True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
+BUDGETS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 
 
 @dataclass(frozen=True)
@@ -365,6 +366,12 @@ class Kube:
         """Merge-patch one object (its `/status` when `status`); the result as the API returns it."""
         return self._patch(res, namespace, name, dict(patch), status=status)
 
+    def create_raw(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> JSON:
+        """Create one object as given; `AlreadyExists` when its name is taken."""
+        name = (body.get("metadata") or {}).get("name", "")
+        what = f"create {res.kind} {namespace + '/' if namespace else ''}{name}"
+        return self._send(what, "POST", res.path(namespace), dict(body))
+
     def get_raw(self, res: Resource, namespace: str | None, name: str) -> JSON:
         """One object as the API returns it (camelCase JSON): for readers that must survive a malformed field."""
         return self._get(res, namespace, name)
@@ -591,6 +598,37 @@ class Kube:
         except (NotFound, Conflict):
             return False
         return True
+
+    # --- the drain before a power-off ------------------------------------------------------------------
+    def pods_on_node(self, node: str) -> list[JSON]:
+        """Every Pod bound to the kubelet Node `node`, in every namespace (one list by field selector)."""
+        return self.list_raw(PODS, None, fields=f"spec.nodeName={node}")[0]
+
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        """Ask the Eviction API (policy/v1) to remove a Pod; False when it is already gone. A budget's refusal is
+        the server's 429, raised as `Transient` with the budget's words in `causes`."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        try:
+            self._send(f"evict Pod {namespace}/{name}", "POST", PODS.path(namespace, name, "eviction"), body)
+        except NotFound:
+            return False
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a Pod with its own grace period (a person forced the drain); False when it is already gone."""
+        try:
+            self._send(f"delete Pod {namespace}/{name}", "DELETE", PODS.path(namespace, name))
+        except NotFound:
+            return False
+        return True
+
+    def budgets(self, namespace: str) -> list[JSON]:
+        """The PodDisruptionBudgets of a namespace, with the disruption controller's status."""
+        return self.list_raw(BUDGETS, namespace)[0]
 
     # --- Jobs ------------------------------------------------------------------------------------------
     def create_job(self, namespace: str, body: Mapping[str, Any]) -> JSON:

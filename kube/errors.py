@@ -11,10 +11,11 @@ class KubeError(Exception):
 
     retryable = False
 
-    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
+    def __init__(self, message: str, *, status: int = 0, reason: str = "", causes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.causes = causes  # the Status's details.causes messages (an eviction's refusal names its budget here)
 
 
 class NotFound(KubeError):
@@ -53,6 +54,7 @@ def from_api_exception(exc: Any, what: str) -> KubeError:
     """Map a `kubernetes.client.ApiException` to a typed error whose message names the object."""
     status = int(getattr(exc, "status", 0) or 0)
     reason = ""
+    causes: tuple[str, ...] = ()
     message = str(getattr(exc, "reason", "") or "")
     body = getattr(exc, "body", None)
     if body:
@@ -60,6 +62,8 @@ def from_api_exception(exc: Any, what: str) -> KubeError:
             doc = json.loads(body)
             reason = str(doc.get("reason", "") or "")
             message = str(doc.get("message", "") or message)
+            found = (doc.get("details") or {}).get("causes") or []
+            causes = tuple(str(c.get("message", "")) for c in found if isinstance(c, dict) and c.get("message"))
         except (ValueError, AttributeError):
             message = str(body)[:300]
     text = f"{what}: HTTP {status} {reason}: {message}".rstrip(": ")
@@ -80,4 +84,4 @@ def from_api_exception(exc: Any, what: str) -> KubeError:
         cls = Transient
     else:
         cls = KubeError
-    return cls(text, status=status, reason=reason)
+    return cls(text, status=status, reason=reason, causes=causes)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_reflection.v1alpha import reflection
@@ -25,6 +28,8 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["CloudProvider"].full_name
 # cluster-autoscaler sends small messages; a bound stops a hostile one from costing memory.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 GRACE_SECONDS = 5.0
+# How often, at most, the certificate files are looked at for a renewal (at a new connection's handshake).
+RELOAD_EVERY = 10.0
 
 
 @dataclass
@@ -34,16 +39,60 @@ class Running:
     provider: CloudProvider
 
 
-def credentials(settings: ProviderSettings) -> grpc.ServerCredentials | None:
-    """mTLS server credentials: a client must present a certificate signed by `tls_ca`."""
+class Reloading:
+    """The mTLS certificate, key and client CA, read again when their files change (a Secret volume's renewal).
+
+    gRPC asks at each new connection's handshake; the files are looked at no more often than `every` seconds. A
+    renewal applies to connections made after it; a connection in use keeps its session, so no call is lost. A file
+    that cannot be read keeps what is in use (and says so once).
+    """
+
+    def __init__(
+        self, settings: ProviderSettings, *, every: float = RELOAD_EVERY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        assert settings.tls_cert is not None and settings.tls_key is not None and settings.tls_ca is not None
+        self.files = (settings.tls_key, settings.tls_cert, settings.tls_ca)
+        self.every = every
+        self.clock = clock
+        self.loaded = self._read()
+        self.checked = clock()
+        self.reloads = 0
+        self._lock = threading.Lock()
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        key, cert, ca = (path.read_bytes() for path in self.files)
+        return key, cert, ca
+
+    def configuration(self) -> Any:
+        key, cert, ca = self.loaded
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch(self) -> Any:
+        """gRPC's fetcher: a new configuration when the files changed, None to keep the one in use."""
+        with self._lock:
+            now = self.clock()
+            if now - self.checked < self.every:
+                return None
+            self.checked = now
+            try:
+                contents = self._read()
+            except OSError as err:
+                log.warning("provider certificate not reloaded (the one in use stays): %s", err)
+                return None
+            if contents == self.loaded:
+                return None
+            self.loaded = contents
+            self.reloads += 1
+        log.info("provider certificate reloaded from %s", self.files[1])
+        return self.configuration()
+
+
+def credentials(settings: ProviderSettings, *, every: float | None = None) -> grpc.ServerCredentials | None:
+    """mTLS server credentials: a client must present a certificate signed by `tls_ca`; renewals are followed."""
     if not settings.tls:
         return None
-    assert settings.tls_cert is not None and settings.tls_key is not None and settings.tls_ca is not None
-    return grpc.ssl_server_credentials(
-        [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
-        root_certificates=settings.tls_ca.read_bytes(),
-        require_client_auth=True,
-    )
+    files = Reloading(settings, every=RELOAD_EVERY if every is None else every)
+    return grpc.dynamic_ssl_server_credentials(files.configuration(), files.fetch, require_client_authentication=True)
 
 
 async def start(settings: ProviderSettings, provider: CloudProvider) -> Running:

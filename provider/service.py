@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 
 from api import contracts as c
-from api.names import LABEL_GROUP, label_value
+from api.names import ERROR_CLASS_OTHER, LABEL_GROUP, label_value
 from domain import claims
 from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
@@ -489,7 +489,9 @@ def instance_proto(i: c.Instance) -> pb.Instance:
     if i.error_code:
         status.errorInfo.CopyFrom(
             pb.InstanceErrorInfo(
-                errorCode=i.error_code, errorMessage=i.error_message, instanceErrorClass=i.error_class or 99
+                errorCode=i.error_code,
+                errorMessage=i.error_message,
+                instanceErrorClass=i.error_class or ERROR_CLASS_OTHER,
             )
         )
     return pb.Instance(id=i.id, status=status)

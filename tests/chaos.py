@@ -51,6 +51,7 @@ from typing import Any
 
 import grpc
 import yaml
+from homelab_sim import workloads
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -207,6 +208,7 @@ class Report:
         "operator writes sent to the admission webhook",
         "second live claims admitted on a busy slot",
         "refusals not naming the slot and its live claim",
+        workloads.STAT,
     )
 
     @property
@@ -313,6 +315,7 @@ class Chaos:
             },
             "groups": [{"name": GROUP, "minSize": 0, "maxSize": len(slots), "nodeReadinessTaints": []}],
             "slots": slots,
+            "workloads": True,  # a workload Pod (under a budget) and a DaemonSet's Pod on every usable machine
         }
         path = self.dir / "homelab.yaml"
         path.write_text(yaml.safe_dump(doc))
@@ -732,6 +735,8 @@ class Chaos:
             if j["labels"].get("type") == "startup"
         )
         v["duplicate startup Jobs"] = [f"{claim} x{n}" for claim, n in startup.items() if claim and n > 1]
+        # The drain before dark: no shutdown Job started while a Pod other than a DaemonSet's was on its machine.
+        v[workloads.STAT] = [f"{state['stats'][workloads.STAT]} Pods"] if state["stats"].get(workloads.STAT) else []
         v["lifecycle Jobs overlapping on one machine"] = (
             [f"{state['stats']['overlapping jobs']} times"] if state["stats"].get("overlapping jobs") else []
         )

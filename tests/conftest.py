@@ -55,10 +55,14 @@ def kube(emulator: EmulatorServer) -> Iterator[Kube]:
 
 @pytest.fixture
 def examples() -> dict[str, list[dict[str, Any]]]:
-    """The documents of `deploy/examples/*.yaml` by file stem (`group`, `nodes`, `nodeclaim`), parsed afresh."""
-    return {
+    """The documents of `deploy/examples/*.yaml` by file stem (`group`, `nodeclaim`), parsed afresh, and `nodes`:
+    three slots of `workers` with the power specs the activity tests read (tests/data/nodes.yaml, the example the
+    power/ examples replaced; its specs are what those tests assert on)."""
+    found = {
         path.stem: [d for d in yaml.safe_load_all(path.read_text()) if d] for path in sorted(EXAMPLES.glob("*.yaml"))
     }
+    found["nodes"] = [d for d in yaml.safe_load_all((Path(__file__).parent / "data" / "nodes.yaml").read_text()) if d]
+    return found
 
 
 # --- RBAC usage: what the operator asked the emulated API server, across the whole session ----------------
@@ -75,6 +79,10 @@ RBAC_NOT_THE_OPERATOR = {
     "test_emulator_webhooks.py": "drives the emulator with raw clients to test its admission webhooks",
     "test_homelab.py": "drives the simulated homelab with raw clients (kubelets, Jobs) to test the simulation",
     "test_kube_adapter.py": "unit tests of every adapter method, including ones no role of the operator calls",
+    "test_kube_cache.py": "runs kubectl as a person does, to check where kubectl keeps its cache",
+    # The bundled Temporal's setup step creates its PostgreSQL password Secret under its own Role
+    # (deploy/components/temporal/temporal-setup.yaml), not deploy/rbac's: checked by tests/test_deploy.py.
+    "test_temporal_setup.py": "the bundled Temporal's setup step, whose Secret grant is its component's Role",
 }
 
 
@@ -181,8 +189,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items[:] = [item for item in items if item not in last] + last
 
 
+# The tiers that start a control plane, a node or BMCs (make e2e-real, e2e-pods, e2e-power, upgrade).
+REAL_TIERS = ("HOMELAB_E2E_REAL", "HOMELAB_E2E_PODS", "HOMELAB_E2E_POWER", "HOMELAB_UPGRADE")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}: stopping, and tearing down what this run started")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    """Besides the marker: under a real tier a SIGTERM (CI's stop, a person's `kill`) ends the run as Ctrl-C does, so
+    pytest tears its fixtures down and the control plane, the node's processes, mounts and namespace are stopped by
+    PID and removed; Python's default ended the run at once and left them all running."""
     config.addinivalue_line("markers", "rbac_session: checks what the whole session asked of the API server")
+    if any(os.environ.get(name, "") not in ("", "0") for name in REAL_TIERS):
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -54,6 +54,7 @@ ROWS = (
 
 @pytest.mark.timeout(240)  # ~1 min on an idle 2-core box; other sessions' load can double it
 @pytest.mark.long
+@pytest.mark.system
 def test_bench_prints_every_figure_with_a_numeric_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = [sys.executable, "-m", "bench", "--p1-claims", "2", "--p2-slots", "2", "--p3-groups", "2",

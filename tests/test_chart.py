@@ -73,18 +73,22 @@ def _run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess[
     return done
 
 
-def helm_template(values: dict[str, Any] | None = None, *, namespace: str = NS,
-                  check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """`helm template` of the chart as a user installs it (CRDs included), with `values` as a values file."""
+def helm_template(values: dict[str, Any] | None = None, *, namespace: str = NS, check: bool = True,
+                  api_versions: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`helm template` of the chart as a user installs it (CRDs included), with `values` as a values file (and
+    `api_versions` as kinds the cluster would serve)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="values-") as file:
         file.write(yaml.safe_dump(values or {}))
         file.flush()
         return _run([str(_tool("helm")), "template", "homelab-autoscaler", str(CHART), "--namespace", namespace,
-                     "--include-crds", "--values", file.name], check=check)  # fmt: skip
+                     "--include-crds", "--values", file.name,
+                     *(a for v in api_versions for a in ("--api-versions", v))], check=check)  # fmt: skip
 
 
-def chart(values: dict[str, Any] | None = None, *, namespace: str = NS) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(helm_template(values, namespace=namespace).stdout) if d]
+def chart(values: dict[str, Any] | None = None, *, namespace: str = NS,
+          api_versions: tuple[str, ...] = ()) -> list[dict[str, Any]]:  # fmt: skip
+    text = helm_template(values, namespace=namespace, api_versions=api_versions).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
 @functools.cache
@@ -119,15 +123,26 @@ def _normalise(node: Any, key: str = "") -> Any:
     return node
 
 
+# The chart names a Job by its Pod template's digest (an upgrade creates a new Job where the template changed);
+# deploy/ by a fixed name (its upgrade deletes the Job before the apply, docs/upgrades.md).
+JOB_DIGEST = re.compile(r"-[0-9a-f]{10}$")
+
+
 def _key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
     meta = doc["metadata"]
-    return doc["apiVersion"], doc["kind"], meta.get("namespace", ""), meta["name"]
+    name = JOB_DIGEST.sub("", meta["name"]) if doc["kind"] == "Job" else meta["name"]
+    return doc["apiVersion"], doc["kind"], meta.get("namespace", ""), name
+
+
+def _comparable(doc: dict[str, Any]) -> Any:
+    named = {**doc, "metadata": {**doc["metadata"], "name": _key(doc)[3]}}
+    return _normalise(named)
 
 
 def differences(deploy: list[dict[str, Any]], helm: list[dict[str, Any]]) -> list[str]:
     """What tells the two renders apart, object by object (a unified diff of each object that differs)."""
-    ours = {_key(d): _normalise(d) for d in deploy}
-    theirs = {_key(d): _normalise(d) for d in helm}
+    ours = {_key(d): _comparable(d) for d in deploy}
+    theirs = {_key(d): _comparable(d) for d in helm}
     assert len(ours) == len(deploy) and len(theirs) == len(helm), "a render holds an object twice"
     found = [f"only in deploy/: {k}" for k in sorted(set(ours) - set(theirs))]
     found += [f"only in the chart: {k}" for k in sorted(set(theirs) - set(ours))]
@@ -148,10 +163,26 @@ def _without_the_namespace(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] != "Namespace"]
 
 
+def _without_the_development_label_on_the_crds(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """deploy/overlays/dev-server labels every object development-only, its CRDs too; the chart's CRDs are files
+    Helm applies untemplated (crds/), so that one label on them is the one thing the chart cannot render."""
+    out = []
+    for doc in docs:
+        if doc["kind"] == "CustomResourceDefinition":
+            doc = json.loads(json.dumps(doc))
+            labels = doc["metadata"]["labels"]
+            assert labels.pop(DEVELOPMENT_ONLY) == "true", doc["metadata"]["name"]
+        out.append(doc)
+    return out
+
+
 # The kustomizations a user applies, and the values that ask the chart for the same install.
+DEVELOPMENT_ONLY = "homelab-autoscaler.dev/development-only"
+NO_BUNDLED: dict[str, Any] = {"bundled": {"enabled": False}}
+DEV_SERVER: dict[str, Any] = {"temporal": {**NO_BUNDLED, "devServer": {"enabled": True}}}
 TEMPORAL_CLUSTER = {
     "temporal": {
-        "devServer": {"enabled": False},
+        **NO_BUNDLED,
         "address": "temporal-frontend.temporal.svc.cluster.local:7233",
         "namespace": "homelab",
         "tls": {"secretName": "temporal-client-tls"},
@@ -162,6 +193,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlays/homelab-mtls": {"certManager": {"enabled": True}, "admission": {"enabled": True}},
     "overlays/split": {"split": {"enabled": True}},
     "overlays/temporal-cluster": TEMPORAL_CLUSTER,
+    "overlays/dev-server": DEV_SERVER,
 }
 
 
@@ -171,20 +203,49 @@ def test_the_chart_renders_what_deploy_renders(path: str) -> None:
     """Object for object and field for field: the defaults against overlays/homelab, and the values of each other
     overlay against it. A change to deploy/ that the chart does not follow (or the reverse) fails here."""
     deploy = _without_the_namespace(kustomize(path))
+    if path == "overlays/dev-server":
+        deploy = _without_the_development_label_on_the_crds(deploy)
     helm = chart(VARIANTS[path])
     found = differences(deploy, helm)
     assert not found, f"the chart ({VARIANTS[path] or 'defaults'}) and deploy/{path} differ:\n" + "\n".join(found)
 
 
 @pytest.mark.usefixtures("tools")
+def test_the_default_install_is_temporal_on_postgresql_never_the_dev_server() -> None:
+    """Temporal's guide calls start-dev and SQLite development-only: the chart's defaults render neither, and only
+    the dev server's opt-in carries the development-only label."""
+    text = helm_template().stdout
+    assert "start-dev" not in text and "--db-filename" not in text and DEVELOPMENT_ONLY not in text
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in chart() if d["metadata"]["name"].startswith("temporal")}
+    assert kinds == {
+        ("StatefulSet", "temporal-postgresql"),
+        ("Service", "temporal-postgresql"),
+        ("ConfigMap", "temporal-config"),
+        ("Deployment", "temporal-server"),
+        ("Service", "temporal-frontend"),
+        ("Deployment", "temporal-web"),
+        ("Service", "temporal-web"),
+    }
+    dev = helm_template(DEV_SERVER).stdout
+    assert "start-dev" in dev and "temporal-postgresql" not in dev
+    assert all(d["metadata"]["labels"][DEVELOPMENT_ONLY] == "true" for d in chart(DEV_SERVER)
+               if d["kind"] != "CustomResourceDefinition")  # fmt: skip
+
+
+@pytest.mark.usefixtures("tools")
 def test_split_with_mtls_and_the_webhook_renders_what_the_components_render(tmp_path: Path) -> None:
-    """docs/install.md's combination of components (split listed first) against the same three switches."""
+    """Your own overlay as docs/install.md says to write one (split listed first, then temporal, so every role's
+    Deployment gets the bundled Temporal's setup step; cert-manager after admission), with the homelab overlay's
+    labels and image, against the same switches."""
     deploy = _deploy_dir()
+    homelab = yaml.safe_load((deploy / "overlays" / "homelab" / "kustomization.yaml").read_text())
     kustomization = {
         "namespace": NS,
-        "resources": [os.path.relpath(deploy / "overlays" / "homelab", tmp_path)],
-        "components": [os.path.relpath(deploy / "components" / c, tmp_path) for c in ("split", "cert-manager",
-                                                                                        "admission")],
+        "resources": [os.path.relpath(deploy / "base", tmp_path)],
+        "components": [os.path.relpath(deploy / "components" / c, tmp_path) for c in ("split", "temporal",
+                                                                                        "admission", "cert-manager")],
+        "labels": homelab["labels"],
+        "images": homelab["images"],
     }  # fmt: skip
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     rendered = [d for d in yaml.safe_load_all(_run([str(_tool("kubectl")), "kustomize", str(tmp_path)]).stdout) if d]
@@ -208,8 +269,28 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
+def _operator_containers(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The containers of `doc` that run a `homelab-autoscaler` command (its roles, and the bundled Temporal's setup
+    step), not the Temporal and PostgreSQL images, nor the dev server's `temporal` CLI."""
+    pod = doc["spec"]["template"]["spec"]
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        if c["name"] in ("homelab-autoscaler", "temporal-setup"):
+            yield c
+
+
+@functools.cache
+def _command_variables(command: str) -> frozenset[str]:
+    """The HOMELAB_AUTOSCALER_* variables `homelab-autoscaler <command>` reads: its sections' settings, and its own
+    options' (temporal-setup's HOMELAB_AUTOSCALER_POD_NAMESPACE)."""
+    from homelab_autoscaler import cli
+
+    params = cli.build_cli().commands[command].params
+    return frozenset(_role_variables(command) | {str(p.envvar) for p in params if isinstance(p.envvar, str)})
+
+
 def _check_rendered(docs: list[dict[str, Any]]) -> None:
-    """Every object valid for its kind, and every HOMELAB_AUTOSCALER_* variable a setting of its container's role."""
+    """Every object valid for its kind, every HOMELAB_AUTOSCALER_* variable a setting of its container's command,
+    and every variable the bundled server's configuration reads set in its container."""
     failures = []
     for doc in docs:
         try:
@@ -217,13 +298,30 @@ def _check_rendered(docs: list[dict[str, Any]]) -> None:
         except Exception as exc:
             failures.append(f"{doc['kind']} {doc['metadata']['name']}: {str(exc).splitlines()[0]}")
     for doc in _workloads(docs):
-        for c in doc["spec"]["template"]["spec"]["containers"]:
-            if c.get("command") == ["temporal"]:
-                continue
-            unknown = set(_env(c)) - _role_variables(c["args"][0])
+        for c in _operator_containers(doc):
+            unknown = set(_env(c)) - _command_variables(c["args"][0])
             if unknown:
                 failures.append(f"{doc['metadata']['name']}: not settings of `{c['args'][0]}`: {sorted(unknown)}")
+    configs = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "temporal-config"]
+    for config in configs:
+        (server,) = _named(docs, "Deployment", "temporal-server")["spec"]["template"]["spec"]["containers"]
+        read = set(re.findall(r'env "([A-Z_]+)"', config["data"]["config.yaml"]))
+        # The TLS ones have defaults in the file (`| default "false"`), set only for an external PostgreSQL's TLS.
+        unset = {name for name in read - set(_env(server)) if not name.startswith("POSTGRES_TLS_")}
+        if unset:
+            failures.append(f"temporal-server: its configuration reads {sorted(unset)}, its container sets none")
     assert not failures, "\n".join(failures)
+
+
+def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def _container(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    pod = doc["spec"]["template"]["spec"]
+    (c,) = [c for c in [*pod.get("initContainers", []), *pod["containers"]] if c["name"] == name]
+    return dict(c)
 
 
 PLACEMENT = {
@@ -233,51 +331,174 @@ PLACEMENT = {
     "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
 }  # fmt: skip
 RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+# The bundled Temporal's images from a registry of the user's, each under another tag, so a mix-up shows.
+IMAGES = {key: {"repository": f"registry.lan:5000/{key.lower()}", "tag": f"{key}-1"}
+          for key in ("server", "adminTools", "ui", "postgresql")}  # fmt: skip
+OPERATOR_IMAGE = "registry.lan:5000/homelab-autoscaler:v9"
 
 
-@pytest.mark.usefixtures("tools")
-@pytest.mark.parametrize("split", [False, True], ids=["run", "split"])
-def test_the_values_users_change_reach_every_pod(split: bool) -> None:
-    values = {
+def _common_values(split: bool) -> dict[str, Any]:
+    return {
         "image": {"repository": "registry.lan:5000/homelab-autoscaler", "tag": "v9", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "lan-registry"}],
         "commonLabels": {"homelab.dev/owner": "me"},
         "operator": {**PLACEMENT, "resources": RESOURCES, "logLevel": "DEBUG", "podAnnotations": {"a.b/c": "d"},
                      "extraEnv": [{"name": "HOMELAB_AUTOSCALER_LOG_FORMAT", "value": "json"}]},
-        "temporal": {"devServer": {**PLACEMENT, "resources": RESOURCES, "logLevel": "info",
-                                   "storage": {"size": "5Gi", "storageClassName": "local-path"}}},
         "split": {"enabled": split, "worker": {"replicas": 3}},
     }  # fmt: skip
-    docs = chart(values)
-    _check_rendered(docs)
-    workloads = list(_workloads(docs))
-    assert len(workloads) == (4 if split else 2)
-    for doc in workloads:
+
+
+def _check_every_pod(docs: list[dict[str, Any]], split: bool) -> None:
+    """What _common_values asks of every workload: placement, pull Secrets, annotations, labels, the operator's
+    image, resources and settings."""
+    for doc in _workloads(docs):
         pod = doc["spec"]["template"]["spec"]
         name = doc["metadata"]["name"]
         assert {k: pod.get(k) for k in PLACEMENT} == PLACEMENT, name
         assert pod["imagePullSecrets"] == [{"name": "lan-registry"}], name
-        (c,) = pod["containers"]
-        assert c["image"] == "registry.lan:5000/homelab-autoscaler:v9" and c["imagePullPolicy"] == "Always", name
-        assert c["resources"] == RESOURCES, name
-        if c.get("command") == ["temporal"]:
-            assert c["args"][c["args"].index("--log-level") + 1] == "info"
-            (claim,) = doc["spec"]["volumeClaimTemplates"]
-            assert claim["spec"]["storageClassName"] == "local-path"
-            assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
-        else:
-            env = _env(c)
-            assert env["HOMELAB_AUTOSCALER_LOG_LEVEL"] == "DEBUG" and env["HOMELAB_AUTOSCALER_LOG_FORMAT"] == "json"
-            # Helm merges maps: a user's annotations join the default that keeps cluster-autoscaler from evicting it.
-            assert doc["spec"]["template"]["metadata"]["annotations"] == {
-                "a.b/c": "d", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}  # fmt: skip
+        # Helm merges maps: a user's annotations join the default that keeps cluster-autoscaler from evicting it.
+        assert doc["spec"]["template"]["metadata"]["annotations"] == {
+            "a.b/c": "d", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}, name  # fmt: skip
+        for c in _operator_containers(doc):
+            assert c["image"] == OPERATOR_IMAGE and c["imagePullPolicy"] == "Always", name
+            if c["name"] == "homelab-autoscaler":
+                assert c["resources"] == RESOURCES, name
+                env = _env(c)
+                assert env["HOMELAB_AUTOSCALER_LOG_LEVEL"] == "DEBUG", name
+                assert env["HOMELAB_AUTOSCALER_LOG_FORMAT"] == "json", name
     if split:
-        replicas = {d["metadata"]["name"]: d["spec"]["replicas"] for d in workloads if d["kind"] == "Deployment"}
+        replicas = {d["metadata"]["name"]: d["spec"]["replicas"] for d in _workloads(docs)
+                    if d["metadata"]["labels"]["app.kubernetes.io/name"] == "homelab-autoscaler"}  # fmt: skip
         assert replicas == {"homelab-autoscaler-worker": 3, "homelab-autoscaler-provider": 1,
                             "homelab-autoscaler-watch": 2}  # fmt: skip
     for doc in docs:
         if doc["kind"] != "CustomResourceDefinition":
             assert doc["metadata"]["labels"]["homelab.dev/owner"] == "me", doc["metadata"]["name"]
+
+
+@pytest.mark.usefixtures("tools")
+@pytest.mark.parametrize("split", [False, True], ids=["run", "split"])
+def test_the_values_users_change_reach_every_pod(split: bool) -> None:
+    """The bundled Temporal's images, resources, volume, placement, retention and password Secret, and the
+    operator's values, each where it belongs."""
+    values = _common_values(split)
+    values["temporal"] = {"namespace": "homelab", "bundled": {
+        **PLACEMENT, "podAnnotations": {"a.b/c": "d"}, "images": IMAGES, "retention": "30d",
+        "postgresql": {"resources": RESOURCES, "passwordSecret": "my-pg",
+                       "storage": {"size": "5Gi", "storageClassName": "local-path"}},
+        "server": {"resources": {"requests": {"cpu": "1"}}}, "web": {"resources": {"limits": {"memory": "64Mi"}}},
+    }}  # fmt: skip
+    docs = chart(values)
+    _check_rendered(docs)
+    _check_every_pod(docs, split)
+    workloads = {d["metadata"]["name"] for d in _workloads(docs)}
+    operators = {"homelab-autoscaler-worker", "homelab-autoscaler-provider", "homelab-autoscaler-watch"} if split \
+        else {"homelab-autoscaler"}  # fmt: skip
+    assert workloads == operators | {"temporal-postgresql", "temporal-server", "temporal-web"}
+    # Merged with the defaults, key by key, as Helm merges maps.
+    pg = _named(docs, "StatefulSet", "temporal-postgresql")
+    assert _container(pg, "postgresql")["image"] == "registry.lan:5000/postgresql:postgresql-1"
+    assert _container(pg, "postgresql")["resources"] == RESOURCES
+    (claim,) = pg["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "local-path"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    server = _named(docs, "Deployment", "temporal-server")
+    assert _container(server, "server")["image"] == "registry.lan:5000/server:server-1"
+    assert _container(server, "server")["resources"] == {"requests": {"cpu": "1", "memory": "256Mi"},
+                                                         "limits": {"memory": "1Gi"}}  # fmt: skip
+    assert _container(server, "schema")["image"] == "registry.lan:5000/admintools:adminTools-1"
+    web = _named(docs, "Deployment", "temporal-web")
+    assert _container(web, "web")["image"] == "registry.lan:5000/ui:ui-1"
+    assert _container(web, "web")["resources"] == {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                                   "limits": {"memory": "64Mi"}}  # fmt: skip
+    assert _env(_container(web, "web"))["TEMPORAL_DEFAULT_NAMESPACE"] == "homelab"
+    # The password Secret: PostgreSQL's, the server's and its schema step's, the setup step's to create, the one
+    # Secret the setup step may read.
+    secret = {"secretKeyRef": {"name": "my-pg", "key": "password"}}
+    assert _env(_container(pg, "postgresql"))["POSTGRES_PASSWORD"] == secret
+    assert _env(_container(server, "server"))["POSTGRES_PWD"] == secret
+    assert _env(_container(server, "schema"))["SQL_PASSWORD"] == secret
+    role = _named(docs, "Role", "homelab-autoscaler-temporal-setup")
+    assert [r["resourceNames"] for r in role["rules"] if "get" in r["verbs"]] == [["my-pg"]]
+    for name in operators:
+        setup = _container(_named(docs, "Deployment", name), "temporal-setup")
+        assert setup["args"] == ["temporal-setup", "--retention", "30d", "--postgresql-secret", "my-pg"], name
+        assert _env(setup)["HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE"] == "homelab", name
+
+
+@pytest.mark.usefixtures("tools")
+def test_the_development_only_dev_server_takes_its_own_values() -> None:
+    values = {**_common_values(False), "temporal": {**NO_BUNDLED, "devServer": {
+        "enabled": True, **PLACEMENT, "podAnnotations": {"a.b/c": "d"}, "resources": RESOURCES, "logLevel": "info",
+        "storage": {"size": "5Gi", "storageClassName": "local-path"}}}}  # fmt: skip
+    docs = chart(values)
+    _check_rendered(docs)
+    _check_every_pod(docs, False)
+    assert {d["metadata"]["name"] for d in _workloads(docs)} == {"homelab-autoscaler", "temporal"}
+    operator = _named(docs, "Deployment", "homelab-autoscaler")
+    assert "initContainers" not in operator["spec"]["template"]["spec"], "the dev server needs no setup step"
+    sts = _named(docs, "StatefulSet", "temporal")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["temporal"] and c["image"] == OPERATOR_IMAGE and c["resources"] == RESOURCES
+    assert c["args"][c["args"].index("--log-level") + 1] == "info"
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "local-path"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+EXTERNAL = {"host": "db.lan", "port": 15432, "user": "temporal_lab", "passwordSecret": "lab-db"}
+
+
+@pytest.mark.usefixtures("tools")
+@pytest.mark.parametrize("tls", ["none", "tls", "tls+ca"])
+def test_the_bundled_server_on_an_external_postgresql(tls: str) -> None:
+    """No PostgreSQL of the chart's: the server and its schema step reach the one given, with its user and Secret
+    (TLS and a CA when asked); the setup step creates no Secret, so it has no Role to."""
+    external: dict[str, Any] = {**EXTERNAL, "tls": {"enabled": tls != "none", "caSecret": "lab-db-ca" * (
+        tls == "tls+ca")}}  # fmt: skip
+    docs = chart({"temporal": {"externalPostgresql": external}})
+    _check_rendered(docs)
+    assert not [d for d in docs if d["kind"] == "StatefulSet"], "no PostgreSQL StatefulSet"
+    assert not [d for d in docs if "postgresql" in d["metadata"]["name"]], "no PostgreSQL Service"
+    assert not [d for d in docs if d["metadata"]["name"] == "homelab-autoscaler-temporal-setup"], "no Secret to make"
+    server = _named(docs, "Deployment", "temporal-server")
+    env, sql = _env(_container(server, "server")), _env(_container(server, "schema"))
+    secret = {"secretKeyRef": {"name": "lab-db", "key": "password"}}
+    assert {k: env[f"POSTGRES_{k}"] for k in ("HOST", "PORT", "USER", "PWD")} == {
+        "HOST": "db.lan", "PORT": "15432", "USER": "temporal_lab", "PWD": secret}  # fmt: skip
+    assert {k: sql[f"SQL_{k}"] for k in ("HOST", "PORT", "USER", "PASSWORD")} == {
+        "HOST": "db.lan", "PORT": "15432", "USER": "temporal_lab", "PASSWORD": secret}  # fmt: skip
+    ca = "/etc/temporal/postgresql-tls/ca.crt"
+    assert env.get("POSTGRES_TLS_ENABLED") == sql.get("SQL_TLS") == ("true" if tls != "none" else None)
+    assert env.get("POSTGRES_TLS_CA_FILE") == sql.get("SQL_TLS_CA_FILE") == (ca if tls == "tls+ca" else None)
+    volumes = {v["name"]: v for v in server["spec"]["template"]["spec"]["volumes"]}
+    if tls == "tls+ca":
+        assert volumes["postgresql-tls"]["secret"]["secretName"] == "lab-db-ca"
+        for name in ("server", "schema"):
+            mounts = {m["name"]: m["mountPath"] for m in _container(server, name).get("volumeMounts", [])}
+            assert mounts["postgresql-tls"] == str(Path(ca).parent), name
+    else:
+        assert "postgresql-tls" not in volumes
+    setup = _container(_named(docs, "Deployment", "homelab-autoscaler"), "temporal-setup")
+    assert setup["args"] == ["temporal-setup", "--retention", "7d"], "an external PostgreSQL's password is the user's"
+
+
+@pytest.mark.usefixtures("tools")
+def test_an_existing_temporal_with_an_api_key_and_no_bundled_temporal() -> None:
+    values = {"temporal": {**NO_BUNDLED, "address": "my-ns.a1b2c.tmprl.cloud:7233",
+                           "namespace": "my-ns.a1b2c", "apiKey": {"secretName": "temporal-cloud"},
+                           "tls": {"serverName": "my-ns.a1b2c.tmprl.cloud"}}}  # fmt: skip
+    docs = chart(values)
+    _check_rendered(docs)
+    assert not [d for d in docs if d["metadata"]["name"].startswith("temporal")], "no Temporal, no Services"
+    assert not [d for d in docs if "temporal-setup" in d["metadata"]["name"]], "no setup step's Role"
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert "initContainers" not in dep["spec"]["template"]["spec"], "an existing Temporal is set up by its owner"
+    env = _env(dep["spec"]["template"]["spec"]["containers"][0])
+    assert env["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"] == "my-ns.a1b2c.tmprl.cloud:7233"
+    assert env["HOMELAB_AUTOSCALER_TEMPORAL_API_KEY"] == {"secretKeyRef": {"name": "temporal-cloud", "key": "api-key"}}
+    assert env["HOMELAB_AUTOSCALER_TEMPORAL_TLS_SERVER_NAME"] == "my-ns.a1b2c.tmprl.cloud"
+    assert "HOMELAB_AUTOSCALER_TEMPORAL_TLS_CERT" not in env
 
 
 @pytest.mark.usefixtures("tools")
@@ -297,30 +518,15 @@ def test_an_install_in_another_namespace_is_whole_there() -> None:
     (vwc,) = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
     (spared,) = [c["expression"] for c in vwc["webhooks"][0]["matchConditions"] if c["name"] == "not-the-operator"]
     assert spared == f"request.userInfo.username != 'system:serviceaccount:{ns}:homelab-autoscaler'"
-    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    dep = _named(docs, "Deployment", "homelab-autoscaler")
     assert _env(dep["spec"]["template"]["spec"]["containers"][0])["HOMELAB_AUTOSCALER_NAMESPACES"] == ns
     # Named explicitly, the managed namespaces are the ones given (the default's are never written: deploy/'s).
     docs = chart({"split": {"enabled": True}, "operator": {"namespaces": ["lab-a", "lab-b"]}})
     managed = {d["metadata"]["name"]: _env(d["spec"]["template"]["spec"]["containers"][0]).get(
-        "HOMELAB_AUTOSCALER_NAMESPACES") for d in docs if d["kind"] == "Deployment"}  # fmt: skip
+        "HOMELAB_AUTOSCALER_NAMESPACES") for d in docs if d["kind"] == "Deployment"
+        and d["metadata"]["labels"]["app.kubernetes.io/name"] == "homelab-autoscaler"}  # fmt: skip
     assert managed == {"homelab-autoscaler-worker": None, "homelab-autoscaler-provider": "lab-a,lab-b",
                        "homelab-autoscaler-watch": "lab-a,lab-b"}  # fmt: skip
-
-
-@pytest.mark.usefixtures("tools")
-def test_an_existing_temporal_with_an_api_key_and_no_dev_server() -> None:
-    values = {"temporal": {"devServer": {"enabled": False}, "address": "my-ns.a1b2c.tmprl.cloud:7233",
-                           "namespace": "my-ns.a1b2c", "apiKey": {"secretName": "temporal-cloud"},
-                           "tls": {"serverName": "my-ns.a1b2c.tmprl.cloud"}}}  # fmt: skip
-    docs = chart(values)
-    _check_rendered(docs)
-    assert not [d for d in docs if d["metadata"]["name"].startswith("temporal")], "no dev server, no Services"
-    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
-    env = _env(dep["spec"]["template"]["spec"]["containers"][0])
-    assert env["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"] == "my-ns.a1b2c.tmprl.cloud:7233"
-    assert env["HOMELAB_AUTOSCALER_TEMPORAL_API_KEY"] == {"secretKeyRef": {"name": "temporal-cloud", "key": "api-key"}}
-    assert env["HOMELAB_AUTOSCALER_TEMPORAL_TLS_SERVER_NAME"] == "my-ns.a1b2c.tmprl.cloud"
-    assert "HOMELAB_AUTOSCALER_TEMPORAL_TLS_CERT" not in env
 
 
 # --- bad values ---------------------------------------------------------------------------------------------
@@ -335,9 +541,39 @@ BAD_VALUES = [
     ({"split": {"worker": {"replicas": -1}}}, "/split/worker/replicas"),
     ({"temporal": {"address": "no-port"}}, "/temporal/address"),
     ({"temporal": {"devServer": {"storage": {"size": "a lot"}}}}, "/temporal/devServer/storage/size"),
-    ({"temporal": {"devServer": {"enabled": False}}}, "temporal.address"),
+    (
+        {"temporal": {"bundled": {"postgresql": {"storage": {"size": "a lot"}}}}},
+        "/temporal/bundled/postgresql/storage/size",
+    ),
+    ({"temporal": {"bundled": {"retention": "a week"}}}, "/temporal/bundled/retention"),
+    ({"temporal": {"bundled": {"retention": "0d"}}}, "/temporal/bundled/retention"),
+    ({"temporal": {"bundled": {"images": {"server": {"tag": ""}}}}}, "/temporal/bundled/images/server/tag"),
+    ({"temporal": {"bundled": {"postgresql": {"passwordSecret": ""}}}}, "/temporal/bundled/postgresql/passwordSecret"),
+    ({"temporal": {"externalPostgresql": {"port": 0}}}, "/temporal/externalPostgresql/port"),
+    # One Temporal at a time, and each value of one only with it.
+    ({"temporal": NO_BUNDLED}, "temporal.address"),
     ({"temporal": {"address": "temporal.example:7233"}}, "temporal.address"),
-    ({"admission": {"enabled": True}}, "admission.enabled"),
+    (
+        {"temporal": {"address": "temporal.example:7233", "devServer": {"enabled": True}, **NO_BUNDLED}},
+        "temporal.address",
+    ),
+    ({"temporal": {"devServer": {"enabled": True}}}, "temporal.bundled.enabled and temporal.devServer.enabled"),
+    ({"temporal": {"tls": {"secretName": "temporal-client-tls"}}}, "temporal.tls.secretName"),
+    ({"temporal": {"apiKey": {"secretName": "temporal-cloud"}}}, "temporal.apiKey.secretName"),
+    (
+        {"temporal": {"externalPostgresql": EXTERNAL, "devServer": {"enabled": True}, **NO_BUNDLED}},
+        "temporal.externalPostgresql.host",
+    ),
+    (
+        {"temporal": {"externalPostgresql": {**EXTERNAL, "passwordSecret": ""}}},
+        "temporal.externalPostgresql.passwordSecret",
+    ),
+    ({"temporal": {"externalPostgresql": {"passwordSecret": "lab-db"}}}, "temporal.externalPostgresql.host"),
+    (
+        {"temporal": {"externalPostgresql": {**EXTERNAL, "tls": {"caSecret": "lab-db-ca"}}}},
+        "temporal.externalPostgresql.tls.enabled",
+    ),
+    ({"provider": {"plaintext": "yes"}}, "/provider/plaintext"),
 ]
 
 
@@ -417,3 +653,105 @@ def test_every_kustomization_names_the_image_of_this_version() -> None:
     }
     assert len(tags) >= 4, tags
     assert set(tags.values()) == {project}, tags
+
+
+# --- scraping: a ServiceMonitor or annotations (issue 44) ----------------------------------------------------------
+SERVICE_MONITOR = "monitoring.coreos.com/v1/ServiceMonitor"
+
+
+@pytest.mark.usefixtures("tools")
+def test_a_service_monitor_when_asked_for_and_the_cluster_serves_the_kind() -> None:
+    """Asked for on a cluster with prometheus-operator's CRD: one ServiceMonitor of the metrics Service's port, with
+    the labels a Prometheus selects by; asked for on a cluster without it: nothing (the install still succeeds)."""
+    values = {"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}}}}
+    (monitor,) = [d for d in chart(values, api_versions=(SERVICE_MONITOR,)) if d["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["namespace"] == NS and monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NS]}
+    services = [
+        d for d in chart(values) if d["kind"] == "Service" and d["metadata"]["name"] == "homelab-autoscaler-metrics"
+    ]
+    (service,) = services
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items(), "the monitor selects the metrics Service"
+    assert not [d for d in chart(values) if d["kind"] == "ServiceMonitor"], "no CRD, no ServiceMonitor"
+    assert not [d for d in chart(api_versions=(SERVICE_MONITOR,)) if d["kind"] == "ServiceMonitor"], "off by default"
+
+
+@pytest.mark.usefixtures("tools")
+def test_scrape_annotations_on_the_metrics_service_when_asked_for() -> None:
+    (service,) = [d for d in chart({"metrics": {"annotations": True}})
+                  if d["kind"] == "Service" and d["metadata"]["name"] == "homelab-autoscaler-metrics"]  # fmt: skip
+    assert service["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}  # fmt: skip
+    assert service["spec"]["ports"][0]["port"] == 9464
+
+
+@pytest.mark.usefixtures("tools")
+def test_the_default_install_has_no_plaintext_provider_and_the_opt_out_is_the_components() -> None:
+    """mTLS by default in both renders; `provider.plaintext` renders what components/plaintext renders."""
+    for docs in (chart(), kustomize("overlays/homelab"), kustomize("overlays/split")):
+        served = [d for d in _workloads(docs) for c in d["spec"]["template"]["spec"]["containers"]
+                  if "HOMELAB_AUTOSCALER_PROVIDER_ADDRESS" in _env(c)]  # fmt: skip
+        assert served
+        for doc in served:
+            (c,) = doc["spec"]["template"]["spec"]["containers"]
+            env = _env(c)
+            assert env["HOMELAB_AUTOSCALER_INSECURE"] == "false" and env["HOMELAB_AUTOSCALER_TLS_CA"], doc["metadata"]
+    with tempfile.TemporaryDirectory(dir=_deploy_dir()) as folder:
+        kustomization = {"resources": ["../overlays/homelab"], "components": ["../components/plaintext"]}
+        (Path(folder) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        rendered = [d for d in yaml.safe_load_all(_run([str(_tool("kubectl")), "kustomize", folder]).stdout) if d]
+    found = differences(_without_the_namespace(rendered), chart({"provider": {"plaintext": True}}))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.usefixtures("tools")
+def test_every_role_is_probed_and_every_role_of_more_than_one_replica_has_a_disruption_budget() -> None:
+    """The split install's worker too (its health endpoints on the pod IP); a PDB for each role run twice or more."""
+    for values in ({}, {"split": {"enabled": True}}, {"split": {"enabled": True, "provider": {"replicas": 2}}}):
+        docs = chart(values)
+        budgets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodDisruptionBudget"}
+        for doc in (d for d in docs if d["kind"] == "Deployment"):
+            (c,) = doc["spec"]["template"]["spec"]["containers"]
+            assert c.get("livenessProbe") and c.get("readinessProbe"), doc["metadata"]["name"]
+            ours = doc["metadata"]["labels"].get("app.kubernetes.io/name") == "homelab-autoscaler"
+            if ours and c.get("args") != ["temporal"] and "httpGet" in c["readinessProbe"]:
+                assert _env(c)["HOMELAB_AUTOSCALER_HEALTH_HOST"] == "0.0.0.0", doc["metadata"]["name"]
+            name = doc["metadata"]["name"]
+            if doc["spec"]["replicas"] > 1:
+                selector = budgets[name]["spec"]["selector"]["matchLabels"]
+                assert selector == doc["spec"]["selector"]["matchLabels"], name
+            else:
+                assert name not in budgets, name
+
+
+# --- upgrades: what a re-apply cannot change -------------------------------------------------------------------------
+def _jobs(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] == "Job"}
+
+
+def test_a_helm_upgrade_never_changes_the_template_of_a_job_it_keeps(tools: None) -> None:
+    """A Job's Pod template is immutable, so `helm upgrade` to a new image failed on the certs Job (found by
+    `make e2e-real`). Every Job of the chart either keeps its template through an upgrade or is a new one."""
+    before = _jobs(chart())
+    assert before, "the default install runs the certs Job"
+    for change in ({"image": {"tag": "0.9.9"}}, {"imagePullSecrets": [{"name": "registry"}]}):
+        after = _jobs(chart(change))
+        kept = set(before) & set(after)
+        assert all(before[n] == after[n] for n in kept), f"{change}: {kept} keeps its name with another template"
+        assert set(after) - set(before), f"{change}: a new template, so a new Job that runs it"
+    assert _jobs(chart()) == before, "the same values, the same Job: an upgrade changing nothing else leaves it"
+
+
+def test_the_kustomize_upgrade_deletes_every_job_of_the_install_before_the_apply(tools: None) -> None:
+    """deploy/ names its Jobs by a fixed name (kustomize cannot name by content): docs/upgrades.md's commands delete
+    each one before `kubectl apply -k`, else the apply fails on its immutable template."""
+    jobs = {d["metadata"]["name"] for path in ("overlays/homelab", "overlays/split")
+            for d in kustomize(path) if d["kind"] == "Job"}  # fmt: skip
+    assert jobs == {"homelab-autoscaler-certs"}, jobs
+    text = (ROOT / "docs" / "upgrades.md").read_text()
+    section = text[text.index("## Upgrading an install") :]
+    for name in jobs:
+        delete = f"kubectl -n homelab-autoscaler-system delete job {name} --ignore-not-found"
+        assert delete in section and section.index(delete) < section.index("kubectl apply -k"), name

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from homelab_autoscaler import autoscaler, cli, roles
+from homelab_autoscaler import autoscaler, cli, commands, roles
 from homelab_autoscaler.cli import (
     ALL_SETTINGS,
     CLAIMS_SECTIONS,
@@ -56,7 +56,7 @@ def flags_in_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> set[st
     return set(re.findall(r"(?m)^\s+(--[a-z-]+)", capsys.readouterr().out))
 
 
-COMMANDS = {**{name: command.sections for name, command in roles.ROLES.items()}, "dev": roles.DEV_SECTIONS}
+COMMANDS = {**{name: command.sections for name, command in roles.ROLES.items()}, "dev": commands.DEV_SECTIONS}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -262,6 +262,7 @@ BUSY = [
 
 
 @pytest.mark.parametrize(("flag", "value", "what"), BUSY, ids=[b[0] for b in BUSY])
+@pytest.mark.system
 def test_dev_stops_on_a_busy_port_before_touching_anything(
     flag: str, value: str, what: str, listening: socket.socket, state: Path
 ) -> None:
@@ -279,6 +280,7 @@ def test_dev_stops_on_a_busy_port_before_touching_anything(
     assert took < 30 or took < saying_one_line(state) + 30, f"it waited for something before refusing ({took:.0f} s)"
 
 
+@pytest.mark.system
 def test_dev_refuses_two_roles_on_one_port(state: Path) -> None:
     port = str(free_port())
     res = dev(["--kube-port", port, "--health-port", port], state)
@@ -294,6 +296,7 @@ HOMELABS = [
 
 
 @pytest.mark.parametrize(("text", "says"), HOMELABS, ids=["missing", "empty", "malformed", "invalid"])
+@pytest.mark.system
 def test_a_bad_homelab_file_is_one_line(text: str | None, says: str, tmp_path: Path, state: Path) -> None:
     homelab = tmp_path / "homelab.yaml"
     if text is not None:
@@ -359,6 +362,7 @@ BAD_VALUES: dict[str, str] = {
     "kube_port": "-1",
     "time_scale": "-2",
     "demo": "maybe",
+    "watt_hour_gauges": "maybe",
     "health_host": "not a host",
     "health_port": "99999",
     "metrics_address": "bogus",
@@ -367,7 +371,7 @@ BAD_VALUES: dict[str, str] = {
 }
 SETTINGS_COMMANDS: list[tuple[list[str], tuple[str, ...]]] = [
     *[([name], command.sections) for name, command in roles.ROLES.items()],
-    (["dev"], roles.DEV_SECTIONS),
+    (["dev"], commands.DEV_SECTIONS),
     *[(["claims", name, "some-claim"] if name != "list" else ["claims", name], CLAIMS_SECTIONS)
       for name in ("list", "show", "reset-shutdown-streak")],
 ]  # fmt: skip
@@ -468,3 +472,59 @@ def test_an_autoscaler_call_that_reaches_nothing_says_where_it_looked_and_which_
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert f"cannot reach the provider at 127.0.0.1:{port}" in done.stderr and "--provider-address" in done.stderr
+
+
+# --- a reader that closes the pipe, and the words of cluster-autoscaler's error classes (issue 44) --------------
+def _into_a_closed_pipe(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with its stdout a pipe whose reader has already gone (`... | head` once head has read enough)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([str(BIN / "homelab-autoscaler"), *args], cwd=ROOT, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+    finally:
+        os.close(write)
+
+
+def quiet_into_a_closed_pipe(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The command's run into a closed pipe, checked to say nothing of it: no `[Errno 32] Broken pipe`, no traceback,
+    no "Exception ignored" at exit."""
+    done = _into_a_closed_pipe(args)
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("args", [["--help"], ["autoscaler", "--help"]])
+def test_a_reader_that_closed_the_pipe_ends_help_quietly(args: list[str]) -> None:
+    """click's own printing (help) ends quietly with status 1; the claims commands' output, printed by the
+    operator's code, ends with the status a shell gives a writer SIGPIPE ended (tests/test_claims_cli.py)."""
+    done = quiet_into_a_closed_pipe(args)
+    assert done.returncode != 0 and not done.stderr, done.stderr
+
+
+def test_a_command_that_fails_before_printing_still_says_why_with_the_pipe_closed() -> None:
+    done = quiet_into_a_closed_pipe(["claims", "list", "--temporal-address", "127.0.0.1:1"])
+    assert done.returncode == 1 and "cannot reach Temporal" in done.stderr, done.stderr
+
+
+def test_an_error_class_is_said_in_words() -> None:
+    from api import names
+
+    assert names.error_class_words(99) == "class 99, other error: cluster-autoscaler backs the group off"
+    assert names.error_class_words(1) == "class 1, out of resources"
+    assert "does not name" in names.error_class_words(7)
+
+
+def test_the_command_line_loads_no_role_until_one_runs() -> None:
+    """`--help`, `--version` and a bad flag answer without the Temporal SDK, the Kubernetes client or any role: on the
+    small boards the operator runs on that import was seconds before each one-line answer."""
+    heavy = "temporalio kubernetes activities watchers.main provider.service homelab_autoscaler.roles"
+    heavy += " homelab_autoscaler.claims"
+    probe = (
+        "import sys; from homelab_autoscaler import cli; cli.build_cli(); "
+        f"print(' '.join(m for m in {heavy.split()!r} if m in sys.modules))"
+    )
+    res = subprocess.run([str(BIN / "python"), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "", f"imported by the command tree alone: {res.stdout.strip()}"

@@ -147,6 +147,7 @@ def test_printer_columns() -> None:
         ("Off%", ".status.usage.offPercent", "number", 0),
         ("Saved(Wh)", ".status.usage.energySavedWh", "number", 0),
         ("Used(Wh)", ".status.usage.energyUsedWh", "number", 1),
+        ("Counted", ".status.usage.countedTo", "date", 0),  # the moment they are counted to (issue 44)
     ]
     assert columns(names.KIND_NODECLAIM) == [
         ("Node", ".spec.node", "string", 0),
@@ -194,11 +195,11 @@ def test_printer_column_paths_exist_in_schema() -> None:
 def example_objects(directory: Path = EXAMPLES_DIR) -> list[tuple[str, dict[str, Any]]]:
     """Every v2alpha1 document under deploy/examples; other documents (the simulator file) are skipped."""
     found = []
-    for path in sorted(directory.glob("*.yaml")):
+    for path in sorted(directory.rglob("*.yaml")):  # the slots are in power/, one per power method
         for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
             if not isinstance(doc, dict) or doc.get("apiVersion") != names.API_VERSION:
                 continue  # not one of our Kubernetes objects
-            found.append((f"{path.name}#{index}", doc))
+            found.append((f"{path.relative_to(directory)}#{index}", doc))
     return found
 
 

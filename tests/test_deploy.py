@@ -39,9 +39,11 @@ KUSTOMIZATIONS = [
     "base",
     "rbac",
     "overlays/homelab",
+    "overlays/dev-server",
     "overlays/homelab-mtls",
     "overlays/split",
     "overlays/temporal-cluster",
+    "overlays/external-postgresql",
     "cluster-autoscaler/plaintext",
     "cluster-autoscaler/mtls",
     "kind",
@@ -114,6 +116,12 @@ def render(path: str) -> list[dict[str, Any]]:
 
 def objects_of(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
+
+
+def operators(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's own Deployments (not the bundled Temporal's)."""
+    return [d for d in objects_of("Deployment", docs)
+            if d["metadata"]["labels"].get("app.kubernetes.io/name") == "homelab-autoscaler"]  # fmt: skip
 
 
 def containers(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -226,7 +234,12 @@ def test_the_homelab_overlay_is_a_complete_install() -> None:
         ("Role", "homelab-autoscaler-leader-election"),
         ("Deployment", "homelab-autoscaler"),
         ("Service", "homelab-autoscaler-provider"),
-        ("StatefulSet", "temporal"),
+        ("StatefulSet", "temporal-postgresql"),
+        ("Deployment", "temporal-server"),
+        ("Deployment", "temporal-web"),
+        ("ConfigMap", "temporal-config"),
+        ("Role", "homelab-autoscaler-temporal-setup"),
+        ("Service", "temporal-postgresql"),
         ("Service", "temporal-frontend"),
         ("Service", "temporal-web"),
     ]:
@@ -237,10 +250,107 @@ def test_the_homelab_overlay_is_a_complete_install() -> None:
 
 
 @needs_kubectl
-def test_the_dev_server_persists_and_registers_the_search_attributes() -> None:
+@pytest.mark.parametrize("path", ["overlays/homelab", "overlays/split", "overlays/homelab-mtls"])
+def test_the_default_installs_run_temporal_on_postgresql_never_the_dev_server(path: str) -> None:
+    """Temporal's guide calls start-dev and SQLite development-only: no install a user keeps may carry them."""
+    text = _render_text(path)
+    assert "start-dev" not in text and "--db-filename" not in text, f"deploy/{path} runs the dev server"
+    docs = render(path)
+    (server,) = [d for d in objects_of("Deployment", docs) if d["metadata"]["name"] == "temporal-server"]
+    (postgresql,) = objects_of("StatefulSet", docs)
+    assert postgresql["metadata"]["name"] == "temporal-postgresql"
+    assert server["spec"]["strategy"]["type"] == "Recreate", "a migration never runs under an old server"
+
+
+def _bundled() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    docs = render("overlays/homelab")
+    (server,) = [d for d in objects_of("Deployment", docs) if d["metadata"]["name"] == "temporal-server"]
+    (postgresql,) = objects_of("StatefulSet", docs)
+    (config,) = [d for d in objects_of("ConfigMap", docs) if d["metadata"]["name"] == "temporal-config"]
+    return server, postgresql, config, docs
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+@needs_kubectl
+def test_the_bundled_server_reads_its_rendered_configuration_and_the_password_from_the_secret() -> None:
+    server, postgresql, config, _ = _bundled()
+    pod = server["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[0] == "/usr/local/bin/temporal-server" and command[-1] == "start"
+    path = Path(command[command.index("--config-file") + 1])
+    (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "temporal-config" and path.name in config["data"]
+    text = config["data"][path.name]
+    assert text.startswith("# enable-template"), "the server renders {{ env ... }} only in a marked file"
+    env = _env(container)
+    for name in re.findall(r'env "([A-Z_]+)"', text):
+        assert name in env or name.startswith("POSTGRES_TLS_"), f"the config reads {name}, the Pod does not set it"
+    rendered = yaml.safe_load(re.sub(r"\{\{[^}]*\}\}", "x", text))
+    assert rendered["persistence"]["numHistoryShards"] == 4, "fixed for the life of the database: say so if changed"
+    stores = rendered["persistence"]["datastores"]
+    assert {s["sql"]["databaseName"] for s in stores.values()} == {"temporal", "temporal_visibility"}
+    assert all(s["sql"]["pluginName"] == "postgres12" for s in stores.values())
+    for name, service in rendered["services"].items():
+        assert service["rpc"]["membershipPort"] < 32768, f"{name}: cluster_membership keeps ports in a smallint"
+    secret = env["POSTGRES_PWD"]["secretKeyRef"]
+    (pg,) = postgresql["spec"]["template"]["spec"]["containers"]
+    assert _env(pg)["POSTGRES_PASSWORD"]["secretKeyRef"] == secret
+    dynamic = Path(rendered["dynamicConfigClient"]["filepath"])
+    assert dynamic.parent == path.parent and dynamic.name in config["data"]
+
+
+@needs_kubectl
+def test_the_schema_is_migrated_before_the_server_starts_and_the_setup_runs_before_the_operator() -> None:
+    server, _, _, docs = _bundled()
+    (schema,) = server["spec"]["template"]["spec"]["initContainers"]
+    script = schema["args"][0]
+    for db, name in (("temporal", "postgresql/v12/temporal"), ("temporal_visibility", "postgresql/v12/visibility")):
+        assert f"--db {db} setup-schema -v 0.0" in script
+        assert f"--db {db} update-schema --schema-name {name}" in script
+    assert 'grep -q "already exists"' in script, "a second run finds the databases and goes on"
+    assert _env(schema)["SQL_PASSWORD"] == _env(server["spec"]["template"]["spec"]["containers"][0])["POSTGRES_PWD"]
+    (operator,) = [d for d in objects_of("Deployment", docs) if d["metadata"]["name"] == "homelab-autoscaler"]
+    (setup,) = operator["spec"]["template"]["spec"]["initContainers"]
+    args = setup["args"]
+    assert args[0] == "temporal-setup" and setup["image"] == operator["spec"]["template"]["spec"]["containers"][0][
+        "image"]  # fmt: skip
+    secret = _env(schema)["SQL_PASSWORD"]["secretKeyRef"]["name"]
+    assert args[args.index("--postgresql-secret") + 1] == secret
+    assert _env(setup)["HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE"] == _env(
+        operator["spec"]["template"]["spec"]["containers"][0])["HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE"]  # fmt: skip
+    (role,) = [d for d in objects_of("Role", docs) if d["metadata"]["name"] == "homelab-autoscaler-temporal-setup"]
+    reads = [r for r in role["rules"] if "get" in r["verbs"]]
+    assert reads and all(r.get("resourceNames") == [secret] for r in reads), "it reads only its own Secret"
+    split = render("overlays/split")
+    for dep in objects_of("Deployment", split):
+        if dep["metadata"]["labels"].get("app.kubernetes.io/name") == "homelab-autoscaler":
+            names_ = [c["name"] for c in dep["spec"]["template"]["spec"].get("initContainers", [])]
+            assert names_ == ["temporal-setup"], dep["metadata"]["name"]
+
+
+@needs_kubectl
+def test_the_bundled_temporal_names_the_official_images_pinned_by_version() -> None:
+    _, _, _, docs = _bundled()
+    images = {c["image"] for name, c in containers(docs) if not c["image"].endswith("homelab-autoscaler:0.4.0.dev0")}
+    official = {i.rsplit(":", 1)[0]: i.rsplit(":", 1)[1] for i in images}
+    assert set(official) == {"temporalio/server", "temporalio/admin-tools", "temporalio/ui", "postgres"}, images
+    assert all(re.fullmatch(r"\d+\.\d+(\.\d+)?(-bookworm)?", tag) for tag in official.values()), official
+    assert official["temporalio/server"] == official["temporalio/admin-tools"], "the tool migrates to its server's"
+
+
+@needs_kubectl
+def test_the_dev_server_overlay_is_labelled_development_only_and_registers_the_search_attributes() -> None:
     from api.contracts import SEARCH_ATTRIBUTES
 
-    (sts,) = objects_of("StatefulSet", render("overlays/homelab"))
+    docs = render("overlays/dev-server")
+    assert all(d["metadata"].get("labels", {}).get("homelab-autoscaler.dev/development-only") == "true"
+               for d in docs if d["kind"] in ("StatefulSet", "Deployment"))  # fmt: skip
+    (sts,) = objects_of("StatefulSet", docs)
     assert sts["spec"]["replicas"] == 1, "SQLite has one writer"
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     args = container["args"]
@@ -267,10 +377,38 @@ def test_the_temporal_cluster_overlay_has_no_dev_server_and_mounts_client_certif
 
 
 @needs_kubectl
+def test_the_external_postgresql_overlay_runs_no_database_and_creates_no_secret() -> None:
+    """Your PostgreSQL: no StatefulSet or Service of the install's own, the server and its schema step reach the host
+    the generated ConfigMap names (a new ConfigMap rolls them), the password is your Secret, and the setup step
+    neither creates a Secret nor holds a grant to."""
+    docs = render("overlays/external-postgresql")
+    assert not objects_of("StatefulSet", docs)
+    assert "temporal-postgresql" not in {d["metadata"]["name"] for d in objects_of("Service", docs)}
+    assert "homelab-autoscaler-temporal-setup" not in {d["metadata"]["name"] for d in docs if "Role" in d["kind"]}
+    (config,) = [d for d in objects_of("ConfigMap", docs) if d["metadata"]["name"].startswith("temporal-postgresql-")]
+    assert set(config["data"]) == {"host", "port", "user", "tls", "tls-ca-file"}
+    server = next(d for d in objects_of("Deployment", docs) if d["metadata"]["name"] == "temporal-server")
+    pod = server["spec"]["template"]["spec"]
+    for container, prefix in ((pod["initContainers"][0], "SQL_"), (pod["containers"][0], "POSTGRES_")):
+        env = {e["name"]: e for e in container["env"]}
+        for name in ("HOST", "PORT", "USER"):
+            assert "value" not in env[prefix + name], (container["name"], env[prefix + name])
+            assert env[prefix + name]["valueFrom"]["configMapKeyRef"]["name"] == config["metadata"]["name"]
+        password = env[prefix + ("PWD" if prefix == "POSTGRES_" else "PASSWORD")]
+        assert password["valueFrom"]["secretKeyRef"] == {"name": "temporal-postgresql", "key": "password"}
+    assert {"name": "postgresql-ca", "secret": {"secretName": "temporal-postgresql-ca", "optional": True}} in pod[
+        "volumes"
+    ]
+    operator = next(d for d in objects_of("Deployment", docs) if d["metadata"]["name"] == "homelab-autoscaler")
+    (setup,) = operator["spec"]["template"]["spec"]["initContainers"]
+    assert "--postgresql-secret" not in setup["args"] and "--retention" in setup["args"]
+
+
+@needs_kubectl
 def test_split_runs_each_role_once_and_the_service_selects_only_the_provider() -> None:
     docs = render("overlays/split")
-    roles = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["args"][0] for d in docs
-             if d["kind"] == "Deployment"}  # fmt: skip
+    roles = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["args"][0]
+             for d in operators(docs)}  # fmt: skip
     assert sorted(roles.values()) == ["provider", "watch", "worker"]
     (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "homelab-autoscaler-provider"]
     selected = [d for d in objects_of("Deployment", docs)
@@ -291,7 +429,7 @@ def test_every_service_selects_some_pod() -> None:
 @needs_kubectl
 def test_mtls_on_both_ends() -> None:
     docs = render("overlays/homelab-mtls")
-    (dep,) = objects_of("Deployment", docs)
+    (dep,) = operators(docs)
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["HOMELAB_AUTOSCALER_INSECURE"] == "false"
     assert {"HOMELAB_AUTOSCALER_TLS_CERT", "HOMELAB_AUTOSCALER_TLS_KEY", "HOMELAB_AUTOSCALER_TLS_CA"} <= env.keys()
@@ -357,7 +495,7 @@ def test_images_are_pinned_and_containers_are_locked_down(path: str) -> None:
 
 @needs_kubectl
 def test_the_operator_probes_hit_the_health_port_it_listens_on() -> None:
-    (dep,) = objects_of("Deployment", render("overlays/homelab"))
+    (dep,) = operators(render("overlays/homelab"))
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -466,7 +604,7 @@ def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name(
     assert "docker push REGISTRY/homelab-autoscaler:TAG" in build
     workloads = [
         doc
-        for path in ("base/operator.yaml", "overlays/homelab/temporal.yaml")
+        for path in ("base/operator.yaml", "overlays/dev-server/temporal.yaml")
         for doc in yaml.safe_load_all((DEPLOY / path).read_text())
         if doc and doc["kind"] in ("Deployment", "StatefulSet")
     ]
@@ -483,8 +621,10 @@ def test_the_documented_overlay_runs_your_image(tmp_path: Path) -> None:
     )
     kustomization = kustomization.replace("REGISTRY", "registry.lan:5000").replace("TAG", "v9")
     docs = _render_overlay(tmp_path, kustomization)
-    images = {c["name"]: c["image"] for _, c in containers(docs) if c["name"] in ("homelab-autoscaler", "temporal")}
-    assert set(images) == {"homelab-autoscaler", "temporal"}
+    images = {
+        c["name"]: c["image"] for _, c in containers(docs) if c["name"] in ("homelab-autoscaler", "temporal-setup")
+    }
+    assert set(images) == {"homelab-autoscaler", "temporal-setup"}
     assert set(images.values()) == {"registry.lan:5000/homelab-autoscaler:v9"}
 
 
@@ -531,10 +671,22 @@ def _pod_specs(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 EXAMPLE_POD_SPECS = [
-    (f"{path.relative_to(DEPLOY / 'examples')}:{where}", pod)
-    for path in [*POWER, DEPLOY / "examples" / "nodes.yaml"]
-    for where, pod in _pod_specs(path)
+    (f"{path.relative_to(DEPLOY / 'examples')}:{where}", pod) for path in POWER for where, pod in _pod_specs(path)
 ]
+
+
+def test_every_example_slot_names_an_image_the_project_builds() -> None:
+    """One example set (issue 44): a slot of deploy/examples names a power image deploy/examples/power/images builds
+    (`power-<name>` from `<name>.Containerfile`), never one nothing builds."""
+    built = {
+        f"power-{p.name.removesuffix('.Containerfile')}"
+        for p in (DEPLOY / "examples" / "power" / "images").glob("*.Containerfile")
+    }
+    slots = sorted(p for p in (DEPLOY / "examples").rglob("*.yaml") if p.name != "homelab.yaml")  # the simulator's
+    found = [(f"{path.relative_to(DEPLOY)}:{where}", pod["image"]) for path in slots for where, pod in _pod_specs(path)]
+    assert found, "the examples have slots"
+    for where, image in found:
+        assert image.rsplit("/", 1)[-1].split(":")[0] in built, f"{where}: {image} is built by nothing in the project"
 
 
 def _is_wake_on_lan(pod: dict[str, Any]) -> bool:
@@ -736,7 +888,7 @@ def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_pat
     """components/admission patches the Deployment that serves the provider; with split listed first, that is the
     provider's own, and the worker and watchers serve nothing the API server calls."""
     deploy = _deploy_dir()
-    components = [os.path.relpath(deploy / "components" / c, tmp_path) for c in ("split", "cert-manager", "admission")]
+    components = [os.path.relpath(deploy / "components" / c, tmp_path) for c in ("split", "admission", "cert-manager")]
     kustomization = yaml.safe_dump({
         "namespace": "homelab-autoscaler-system",
         "resources": [os.path.relpath(deploy / "overlays" / "homelab", tmp_path)],
@@ -752,21 +904,24 @@ def test_split_serves_the_admission_webhook_from_the_provider_deployment(tmp_pat
 
 @needs_kubectl
 @pytest.mark.parametrize("path", ["base", "overlays/homelab", "overlays/split", "overlays/homelab-mtls",
-                                  "overlays/temporal-cluster"])  # fmt: skip
+                                  "overlays/temporal-cluster", "overlays/external-postgresql"])  # fmt: skip
 def test_the_operator_and_its_temporal_never_stand_on_a_machine_it_powers_off(path: str) -> None:
-    """Every workload of the operator and its Temporal may only run on the control plane (tolerating its taint) or
-    a node labelled homelab-autoscaler.dev/ground=true, and tells cluster-autoscaler never to evict it: a machine
+    """Every Pod the install makes (its workloads, and its Jobs and CronJobs: the certs step's Job once landed on a
+    machine) may only run on the control plane (tolerating its taint) or a node labelled
+    homelab-autoscaler.dev/ground=true; the long-running ones tell cluster-autoscaler never to evict them: a machine
     the operator manages is never its ground (docs/decisions.md, "The operator's ground")."""
-    workloads = [d for d in render(path) if d["kind"] in ("Deployment", "StatefulSet")]
-    assert workloads
-    for doc in workloads:
-        pod = doc["spec"]["template"]
+    docs = render(path)
+    templates = [(d, d["spec"]["template"]) for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
+    templates += [(d, d["spec"]["jobTemplate"]["spec"]["template"]) for d in docs if d["kind"] == "CronJob"]
+    assert templates
+    for doc, pod in templates:
         terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         keys = [(e["key"], e["operator"]) for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]]
         assert keys == [("node-role.kubernetes.io/control-plane", "Exists"), ("homelab-autoscaler.dev/ground", "In")]
         assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} in pod[
             "spec"]["tolerations"], doc["metadata"]["name"]  # fmt: skip
-        assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
 
 
 @needs_kubectl
@@ -785,5 +940,37 @@ def test_components_added_to_an_overlay_run_the_released_image(
         "components": [os.path.relpath(deploy / "components" / c, tmp_path) for c in components],
     })  # fmt: skip
     (released,) = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]
-    images = {c["image"] for _, c in containers(_render_overlay(tmp_path, kustomization))}
+    images = {
+        c["image"]
+        for _, c in containers(_render_overlay(tmp_path, kustomization))
+        if not c["image"].startswith(("temporalio/", "postgres:"))
+    }  # the bundled Temporal's, pinned apart
     assert images == {f"{released['newName']}:{released['newTag']}"}
+
+
+# --- uninstalling with kustomize keeps the CRDs and the namespace (issue 44) --------------------------------------
+UNINSTALL = "kubectl delete -k deploy/overlays/homelab -l 'homelab-autoscaler.dev/uninstall!=keep'"
+
+
+@pytest.mark.parametrize("overlay", ["overlays/homelab", "overlays/homelab-mtls", "overlays/split",
+                                     "overlays/temporal-cluster"])  # fmt: skip
+def test_the_uninstall_selector_keeps_exactly_the_crds_and_the_namespace(overlay: str) -> None:
+    """What `kubectl delete -k <overlay> -l 'homelab-autoscaler.dev/uninstall!=keep'` leaves (a `!=` selector
+    matches an object without the label too): the CRDs, and so every Group, slot and claim, and the namespace they
+    live in; everything else of the install goes."""
+    docs = render(overlay)
+    kept = {(d["kind"], d["metadata"]["name"]) for d in docs
+            if (d["metadata"].get("labels") or {}).get(names.LABEL_UNINSTALL) == names.UNINSTALL_KEEP}  # fmt: skip
+    crds = {("CustomResourceDefinition", f"{p}.{names.GROUP}") for p in ("groups", "nodes", "nodeclaims")}
+    assert kept == crds | {("Namespace", "homelab-autoscaler-system")}, kept
+    assert len(docs) > len(kept) + 5, "the rest of the install is deleted"
+
+
+def test_the_install_guide_uninstalls_with_the_selector_and_warns() -> None:
+    text = INSTALL.read_text()
+    assert UNINSTALL in text
+    section = text.split("## Uninstalling: keep your Groups, slots and claims", 1)[1].split("\n## ", 1)[0]
+    assert "Do not uninstall with a bare `kubectl delete -k deploy/overlays/homelab`" in section
+    removal = section.split("**Removing everything, on purpose.**", 1)[1]
+    assert removal.index("delete nodeclaims --all") < removal.index("delete -k deploy/crds"), "claims end first"
+    assert UNINSTALL in (ROOT / "README.md").read_text()

@@ -38,6 +38,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.long
+@pytest.mark.system
 # Every wait inside is bounded and says what it waited for (60 + 30 + 30 + 60 + 90 + 30 s at most); the suite's
 # default of 120 s cut the test short beside pytest-xdist's workers on a busy 2-core box (it took 114 s alone).
 @pytest.mark.timeout(420)

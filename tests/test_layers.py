@@ -73,6 +73,7 @@ def test_the_operator_wheel_has_no_simulator() -> None:
     assert "homelab-sim" in " ".join(config["project"]["optional-dependencies"]["sim"])
 
 
+@pytest.mark.system
 async def test_run_works_without_the_simulator(tmp_path: Path) -> None:
     """`homelab-autoscaler run` with homelab_sim made unimportable: every role comes up and reports ready."""
     from temporalio.testing import WorkflowEnvironment

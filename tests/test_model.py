@@ -1,4 +1,4 @@
-"""The model-based adversary (tests/model.py) inside `make test`: a bounded budget of random examples.
+"""The model-based adversary (tests/model.py) in `make system` (.ci/run): a bounded budget of random examples.
 
 `make soak SOAK_MINUTES=30` runs the same driver for as long as asked and prints the examples and steps tried.
 A failure prints its seed; `MODEL_SEED=<seed> .venv/bin/pytest tests/test_model.py` reruns that schedule.
@@ -31,6 +31,7 @@ def too_many_inconclusive(inconclusive: int, examples: int) -> bool:
 
 
 @pytest.mark.long
+@pytest.mark.system
 @pytest.mark.timeout(BUDGET_SECONDS + 1800)  # the last examples may start just before the budget runs out
 async def test_the_claim_law_holds_under_random_adversity() -> None:
     fixed = os.environ.get("MODEL_SEED")

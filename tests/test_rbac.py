@@ -27,6 +27,7 @@ from admission.server import Webhook
 from api import names
 from kube.adapter import CLAIMS, GROUPS, JOBS, KUBELET_NODES, SLOTS, ObjectRef
 from tests.conftest import Use, session_rbac_usage, uses_of
+from tests.drain_objects import pod
 from tests.lab import NS, homelab, open_lab
 from tests.test_deploy import needs_kubectl, render
 from workflows.group.workflow import GroupWorkflow
@@ -113,16 +114,21 @@ async def _workload() -> set[Use]:
         await lab.wait_phase(claim, "ready", within=3 * MIN)
         # Why a lifecycle Job failed: the Job, then its Pods by its selector (the cause a failed boot carries).
         assert lab.kube.job_cause(NS, f"{claim}-startup").exit_code == 0
+        # The drain before the power-off: the node's Pods listed and evicted (pods/eviction).
+        node_name = (lab.node("s1") or {})["metadata"]["name"]
+        lab.lab.call(lambda h: h.emulator.put_object("v1", "pods", pod("web-1", node_name, NS)))
         assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
         await lab.wait_phase(claim, "completed", within=5 * MIN, step=10)
+        assert lab.pod("web-1") is None, "evicted before the power-off"
         await lab.advance(50 * MIN)
         await lab.until(lambda: lab.claim_resource(claim) is None, within=15 * MIN, step=60, what="collected")
 
         kube = lab.kube
-        # The watchers (every namespace by default): a list, then a watch from its resourceVersion.
+        # The watchers of the namespaces the operator manages: a list, then a watch from its resourceVersion.
         for res in (GROUPS, SLOTS, CLAIMS, KUBELET_NODES, JOBS):
-            _items, rv = kube.list_raw(res)
-            stream = kube.open_watch(res, None, None, rv, timeout_seconds=1)
+            ns = NS if res.namespaced else None
+            _items, rv = kube.list_raw(res, ns)
+            stream = kube.open_watch(res, ns, None, rv, timeout_seconds=1)
             stream.close()
         # The report writer: Node.status, Group.status, and the kubelet Node of a machine verified off
         # (powerOffNodePolicy Delete).
@@ -141,6 +147,11 @@ async def _workload() -> set[Use]:
         kube.list_raw(SLOTS, NS)
         # The admission webhook: the namespace's claims, listed for a write that would make a claim live.
         Webhook(kube).claims(NS, 5.0)
+        # A blocked drain names its budget (list); a forced one deletes the Pod and takes its annotation off the slot.
+        kube.budgets(NS)
+        lab.lab.call(lambda h: h.emulator.put_object("v1", "pods", pod("web-2", "s1", NS)))
+        assert kube.delete_pod(NS, "web-2")
+        kube.patch_raw(SLOTS, NS, "s1", {"metadata": {"annotations": {names.ANNOTATION_FORCE_DRAIN: None}}})
         # A repeated Event: found by name, its count bumped.
         ref = ObjectRef(names.KIND_NODE, NS, "s1")
         kube.create_event(ref, "MachineReleased", "again")
@@ -180,9 +191,14 @@ def test_every_rule_of_deploy_rbac_is_used(workload: set[Use]) -> None:
 
 @needs_kubectl
 def test_cluster_wide_grants_are_only_what_spans_namespaces(workload: set[Use]) -> None:
-    """Leases live in the operator's namespace: a Role, never a ClusterRole."""
-    lease_grants = {g for g in grants() if g.resource == "leases"}
-    assert lease_grants and not any(g.cluster_wide for g in lease_grants)
+    """Leases live in the operator's namespace, the power Jobs (and their Pods) in the namespaces it manages: Roles,
+    never a ClusterRole (a Job grant across all namespaces runs any image as any ServiceAccount anywhere)."""
+    for resource in ("leases", "jobs"):
+        granted_here = {g for g in grants() if g.resource == resource}
+        assert granted_here and not any(g.cluster_wide for g in granted_here), resource
+    # The drain before a power-off reads and (forced) deletes a node's Pods, which span every namespace: only those.
+    pods = {g.verb for g in grants() if g.resource == "pods" and g.cluster_wide}
+    assert pods <= {"list", "delete"}, pods
 
 
 def test_secrets_and_configmaps_are_never_requested(workload: set[Use]) -> None:

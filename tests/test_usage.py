@@ -35,7 +35,7 @@ from domain.timings import TIMINGS
 from kube import views
 from kube.adapter import Kube
 from tests.lab import NS as LAB_NS
-from tests.lab import Lab, homelab, open_lab, slot
+from tests.lab import REFUSALS, ClockStalled, Lab, homelab, open_lab, refusal_watching_runtime, slot
 from tests.test_report import Quiet
 from tests.test_watchers import MIN, drive, slot_status, wait_group_loaded
 from watchers.main import Watchers
@@ -126,6 +126,43 @@ def test_energy_needs_the_three_figures_and_saved_is_against_the_same_machine_al
     assert isinstance(note, str) and "offWatts" in note and "bootWattHours" in note
     status = usage.to_status(t, PowerDraw(on_watts=40))
     assert status.energy_used_wh is None and status.energy_note == note, "never a made-up number"
+
+
+def test_a_group_is_its_slots_brought_to_one_instant_and_a_current_state_counts_up_to_it() -> None:
+    """Two slots counted to different moments (one on since T0+10 min, one off): the group's figures at T0+1 h are
+    each slot's brought up to T0+1 h by the state it holds, summed; a slot counted later than that is not undone."""
+    draw = PowerDraw.model_validate(DRAW)
+    on = usage.count(usage.start(UsageState.OFF, T0), 600, UsageState.ON, T0 + timedelta(minutes=10))
+    off = usage.count(usage.start(UsageState.OFF, T0), 300, UsageState.OFF, T0 + timedelta(minutes=5))
+    at = T0 + timedelta(hours=1)
+    group = usage.group_usage([(on, draw), (off, draw)], at)
+    assert group is not None and group.counted_to == at
+    slots = [usage.to_status(usage.at(t, at), draw) for t in (on, off)]
+    assert [s.counted_to for s in slots] == [at, at]
+    assert slots[0].on_seconds == 3000 and slots[1].off_seconds == 3600, "the current state counts up to the moment"
+    for name in ("on_seconds", "off_seconds", "booting_seconds", "boots"):
+        assert getattr(group, name) == sum(getattr(s, name) for s in slots), name
+    for name in ("energy_used_wh", "energy_saved_wh", "energy_always_on_wh"):
+        assert getattr(group, name) == pytest.approx(sum(getattr(s, name) for s in slots), abs=1e-3), name
+    assert slots[0].off_percent == round(100 * 600 / 3600, 1), "a machine on since 10 min: 16.7% off, not 100%"
+    assert usage.at(on, T0) is on, "a moment before the count moves nothing"
+
+
+def test_joules_follow_the_same_rule_as_the_status_energy_and_power_is_the_declared_draw_of_the_state() -> None:
+    draw = PowerDraw.model_validate(DRAW)
+    t = usage.count(usage.start(UsageState.OFF, T0), 3 * 3600, UsageState.ON, T0)
+    t = usage.count(t, 3600, UsageState.OFF, T0)
+    found = usage.energy(t, draw)
+    joules = usage.joules(draw, t.seconds, t.boots)
+    assert isinstance(found, usage.Energy) and joules is not None
+    assert joules == pytest.approx((found.used_wh * 3600, found.always_on_wh * 3600))
+    assert usage.joules(PowerDraw(on_watts=40), t.seconds, 1) is None, "no joules from a partial draw"
+    assert usage.power_watts(UsageState.ON, draw) == 40 and usage.power_watts(UsageState.DRAINING, draw) == 40
+    assert usage.power_watts(UsageState.BOOTING, draw) == 2 and usage.power_watts(UsageState.OFF, draw) == 2
+    assert (
+        usage.power_watts(UsageState.OFF, PowerDraw(on_watts=40)) is None
+        and usage.power_watts(UsageState.ON, None) is None
+    )
 
 
 def test_a_slots_draw_overrides_its_groups_field_by_field() -> None:
@@ -337,6 +374,32 @@ async def test_the_sums_match_the_homelabs_own_record_to_the_second() -> None:
             w.close()
 
 
+async def test_a_groups_written_figures_are_its_slots_written_ones_at_its_moment_to_the_second() -> None:
+    """What `kubectl get` shows adds up: each slot's status brought to the group's countedTo (domain.usage.status_at,
+    as the demo does) sums to the group's status exactly, seconds and boots; energy to the Wh rounding of each."""
+    async with homelab_lab() as lab:
+        w = lab.watchers()
+        try:
+            await w.pump()
+            await a_day(w, lab)
+            lab.claim("c9", "s3", "pending")  # s3 moves (written at once), in fractions of a second: rounding bites
+            await tick(w, lab, 0.7)
+            lab.hl.power_on_by_hand("s3")
+            await tick(w, lab, 0.7)
+            await tick(w, lab, 170.2)  # mid-interval: the slots' statuses are behind, by different amounts
+            await w.writer.group("lab", "g", lab.clock.now())
+            g = lab.group_usage()
+            assert g.counted_to is not None
+            slots = [usage.status_at(lab.usage(s), g.counted_to) for s in ("s1", "s2", "s3")]
+            assert {s.counted_to for s in slots} == {g.counted_to}
+            for name in ("on_seconds", "off_seconds", "booting_seconds", "draining_seconds", "boots", "shutdowns"):
+                assert getattr(g, name) == sum(getattr(s, name) for s in slots), name
+            for name in ("energy_used_wh", "energy_always_on_wh", "energy_saved_wh"):  # each rounded to 1 mWh
+                assert getattr(g, name) == round(sum(getattr(s, name) or 0 for s in slots), 3), name
+        finally:
+            w.close()
+
+
 async def test_a_restarted_writer_continues_from_the_status_never_counting_an_interval_twice() -> None:
     async with homelab_lab() as lab:
         w = lab.watchers()
@@ -532,10 +595,42 @@ async def test_the_counters_count_what_the_status_says(metrics_runtime: tuple[Ru
             assert got[f"homelab_slot_boots_total{{{labels}}}"] == u.boots == 1
             assert got[f"homelab_slot_shutdowns_total{{{labels}}}"] == u.shutdowns == 1
             assert u.energy_used_wh is not None and u.energy_always_on_wh is not None
+            # Whole joules on the counters (a fraction waits for the next look); the status rounds Wh to 3 decimals.
+            assert got[f"homelab_slot_energy_joules_total{{{labels}}}"] == pytest.approx(u.energy_used_wh * 3600, abs=2)
+            assert got[f"homelab_slot_always_on_energy_joules_total{{{labels}}}"] == pytest.approx(
+                u.energy_always_on_wh * 3600, abs=2
+            )
+            assert u.state is not None and u.draw is not None
+            declared = u.draw.on_watts if u.state in usage.POWERED else u.draw.off_watts
+            assert got[f'homelab_slot_power_watts{{{labels},source="declared"}}'] == declared
+            # The period's Wh gauges are deprecated: off unless asked for (watt_hour_gauges), for this release only.
+            assert not [series for series in got if "_watt_hours" in series], "served only when asked for"
+        finally:
+            w.close()
+
+
+async def test_the_deprecated_watt_hour_gauges_are_served_when_asked_for() -> None:
+    """The watch setting `watt_hour_gauges` serves the period's Wh gauges beside the joule counters for this release,
+    while dashboards and alerts move (docs/upgrades.md)."""
+    port = free_port()
+    config = PrometheusConfig(bind_address=f"127.0.0.1:{port}", counters_total_suffix=True, unit_suffix=True)
+    runtime = Runtime(telemetry=TelemetryConfig(attach_service_name=False, metrics=config))
+    async with homelab_lab() as lab:
+        w = Watchers(lab.kube, Quiet(), namespaces=[NS], clock=lab.clock.now, monotonic=lab.clock.monotonic,
+                     meter=runtime.metric_meter, watt_hour_gauges=True)  # fmt: skip
+        try:
+            await w.pump()
+            await a_day(w, lab)
+            await flush(w, lab)
+            got = scrape(f"http://127.0.0.1:{port}/metrics")
+            u = lab.usage("s1")
+            labels = f'group="g",kubernetes_namespace="{NS}",slot="s1"'
+            assert u.energy_used_wh is not None and u.energy_always_on_wh is not None
             assert got[f"homelab_slot_energy_used_watt_hours{{{labels}}}"] == pytest.approx(u.energy_used_wh, 1e-3)
             assert got[f"homelab_slot_energy_always_on_watt_hours{{{labels}}}"] == pytest.approx(
                 u.energy_always_on_wh, 1e-3
             )
+            assert f"homelab_slot_energy_joules_total{{{labels}}}" in got
         finally:
             w.close()
 
@@ -635,9 +730,25 @@ def test_the_metric_name_reader_reads_promql() -> None:
 async def test_the_sums_hold_through_real_workflows_restarts_and_a_temporal_loss() -> None:
     """A claim boots s1 through the group's and the claim's workflows, the worker restarts, the watchers restart,
     Temporal loses every workflow (the group takes the claim over from its resource), then s1 is scaled down: the
-    figures equal the homelab's own record to the second. The test's wall clock moves beside Temporal's."""
+    figures equal the homelab's own record to the second. The test's wall clock moves beside Temporal's.
+
+    Run once more, and only once, when its clock stalled after the time-skipping server refused a workflow task's
+    completion (tests.lab.TestServerRefusals: that server strands the workflow; the real one retries the task), as
+    the model counts such an example inconclusive. Any other failure, or a second one, fails the test."""
+    refused_before = len(REFUSALS.seen)
+    try:
+        await _sums_through_restarts_and_a_loss()
+    except ClockStalled:
+        if len(REFUSALS.seen) <= refused_before:
+            raise
+        print(f"the test server refused a completion ({REFUSALS.seen[refused_before]}): once more")
+        await _sums_through_restarts_and_a_loss()
+
+
+async def _sums_through_restarts_and_a_loss() -> None:
     # No workflow cache: a restarted worker never meets the sticky queue the time-skipping server keeps for the old one.
-    async with open_lab(homelab([slot("s1"), slot("s2")], powerDraw=DRAW), cached_workflows=0, sandboxed=False) as lab:
+    async with open_lab(homelab([slot("s1"), slot("s2")], powerDraw=DRAW), cached_workflows=0, sandboxed=False,
+                        runtime=refusal_watching_runtime()) as lab:  # fmt: skip
         lab.settle_after_skip = 0.1  # see Lab.settle_after_skip: this driver signals right after every skip
         clock = Clock(wall=datetime.now(UTC).replace(microsecond=0))
         lab.lab.call(lambda h: setattr(h.emulator, "clock", clock.now))

@@ -164,6 +164,7 @@ async def timer_summaries(handle: WorkflowHandle[Any, Any]) -> set[str]:
 
 
 @pytest.mark.long
+@pytest.mark.system
 async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: Path) -> None:
     ready, failed = demo.by_phase("ready"), demo.by_phase("failed")
     group_id = c.group_workflow_id(NS, GROUP)
@@ -258,8 +259,8 @@ async def test_web_ui_lists_filters_and_shows_the_claims(demo: Demo, tmp_path: P
         # and not the words themselves (they are kept out of histories).
         gone = failed[0]
         job = f"{gone.name}-startup"
-        cause = f'"message": "StartupJobFailed: startup Job {job} failed: exit code 1 (Error). The Pod\'s last words: '
-        where = f"kubectl -n {NS} describe nodeclaim {gone.name}; kubectl -n {NS} logs job/{job}"
+        cause = f'"message": "StartupJobFailed: startup Job {job} failed: exit code 1 (Error). The Pod\'s last words '
+        where = f"kubectl -n {NS} describe nodeclaim {gone.name}; its whole output: kubectl -n {NS} logs job/{job}"
         await page.navigate(workflow_url(demo.server, gone.workflow_id))
         shown = await page.wait_for_text(
             lambda t: gone.workflow_id in t and "FAILED" in t and cause in t and where in t,

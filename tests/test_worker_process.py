@@ -44,6 +44,7 @@ async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
         await env.shutdown()
 
 
+@pytest.mark.system
 async def test_worker_process_drives_a_claim_to_ready(dev_server: WorkflowEnvironment, tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     address = dev_server.client.service_client.config.target_host
@@ -139,6 +140,7 @@ async def test_worker_refuses_to_start_without_search_attributes(tmp_path: Path)
 
 
 @pytest.mark.parametrize("before", ["refused", "silent"])
+@pytest.mark.system
 def test_a_worker_started_before_its_temporal_waits_for_it(before: str, tmp_path: Path) -> None:
     """An install starts the operator's Pod and Temporal's at once: the operator waits for a Temporal that does not
     answer yet (saying so, with the reason) instead of exiting for the kubelet to restart it (the real node saw that

@@ -19,8 +19,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from api import contracts as c
+from api import names
 from domain.timings import TIMINGS
 from homelab_autoscaler.claims import timeline
+from tests.drain_objects import budget, pod
 from tests.lab import (
     NS,
     SECRET,
@@ -159,9 +161,13 @@ async def test_a_failed_boot_says_why_where_people_look_and_no_history_holds_the
         assert f"kubectl -n {NS} logs job/{job}" in failure.message
         assert failure.stack_trace == "", failure.stack_trace
         # `claims show` ends with it: the cause, and where the last words are.
-        where = f"kubectl -n {NS} describe nodeclaim {name}; kubectl -n {NS} logs job/{job}"
+        where = (
+            f"The Pod's last words (its termination message, kept out of this history: it may hold secrets) are the "
+            f"claim's status.message: kubectl -n {NS} describe nodeclaim {name}; its whole output: "
+            f"kubectl -n {NS} logs job/{job}"
+        )
         closing = timeline(history)[-1]
-        assert closing.endswith(f"closed: failed (StartupJobFailed): {said}. The Pod's last words: {where}"), closing
+        assert closing.endswith(f"closed: failed (StartupJobFailed): {said}. {where}"), closing
         histories = await lab.histories()
         assert len(histories) >= 2
         leaks = [h.workflow_id for h in histories if SECRET in history_text(h) or WORDS in history_text(h)]
@@ -792,3 +798,62 @@ async def test_attempts_are_seeded_from_the_slot_after_a_restart() -> None:
         name = await one_claim(lab)
         st = await lab.wait_phase(name, "ready", within=3 * MIN)
         assert st["attempt"] == TIMINGS.max_consecutive_attempts
+
+
+# --- the drain before dark ---------------------------------------------------------------------------------
+async def test_a_drain_a_budget_blocks_keeps_the_machine_on_says_why_once_and_goes_on_once_it_is_relaxed() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        node = lab.node("s1")
+        assert node is not None
+        node_name = node["metadata"]["name"]
+        lab.lab.call(lambda h: h.emulator.put_object("v1", "pods", pod("web-1", node_name, NS)))
+        lab.lab.call(lambda h: h.emulator.put_object("v1", "pods", pod("batch-1", node_name, NS, app="batch")))
+        pdb = budget("web", NS, maxUnavailable=0)
+        lab.lab.call(lambda h: h.emulator.put_object("policy/v1", "poddisruptionbudgets", pdb))
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        # The unprotected Pod goes at once; the protected one holds the machine on past the 10-minute bound.
+        await lab.until(lambda: not lab.pod("batch-1"), within=MIN, step=5, what="the free Pod evicted")
+        await lab.until(
+            lambda: any(e["reason"] == "DrainBlocked" for e in lab.events(name)),
+            within=12 * MIN,
+            step=30,
+            what="the blocked drain is said",
+        )
+        await lab.advance(10 * MIN)
+        assert [j["metadata"]["labels"]["type"] for j in lab.jobs("s1")] == ["startup"], "no shutdown Job"
+        assert lab.lab.power("s1") == "on" and await lab.phase(name) == "ready"
+        assert [i.state for i in await lab.group().query(GroupWorkflow.instances)] == ["deleting"]
+        for obj in (name, "s1"):
+            (said,) = [e for e in lab.events(obj) if e["reason"] == "DrainBlocked"]
+            assert said["type"] == "Warning" and "web-1" in said["message"], said
+            assert f"PodDisruptionBudget {NS}/web" in said["message"] and "0 disruptions allowed" in said["message"]
+        history = await lab.claim(name).fetch_history()
+        assert "web-1" not in history_text(history), "no Pod name in a history"
+        # The budget relaxed, the power-off follows.
+        lab.lab.call(lambda h: h.emulator.delete_object("policy/v1", "poddisruptionbudgets", NS, "web"))
+        st = await lab.wait_phase(name, "completed", within=10 * MIN, step=15)
+        assert st["reason"] == "NodeDeleted" and lab.pod("web-1") is None
+        await lab.record("drain_blocked_by_a_budget")
+
+
+async def test_a_do_not_disrupt_pod_blocks_the_power_off_until_a_person_forces_it() -> None:
+    async with open_lab(homelab([slot("s1")])) as lab:
+        name = await one_claim(lab)
+        await lab.wait_phase(name, "ready", within=3 * MIN)
+        node = lab.node("s1")
+        assert node is not None
+        held = pod("keep-1", node["metadata"]["name"], NS, annotations={names.ANNOTATION_DO_NOT_DISRUPT: "true"})
+        lab.lab.call(lambda h: h.emulator.put_object("v1", "pods", held))
+        assert await lab.group().execute_update(GroupWorkflow.delete_nodes, ["s1"]) == 0
+        await lab.advance(15 * MIN)
+        assert lab.pod("keep-1") is not None and lab.lab.power("s1") == "on"
+        assert [j["metadata"]["labels"]["type"] for j in lab.jobs("s1")] == ["startup"]
+        force = {"metadata": {"annotations": {names.ANNOTATION_FORCE_DRAIN: "true"}}}
+        lab.lab.call(lambda h: h.emulator.patch_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s1", force))
+        st = await lab.wait_phase(name, "completed", within=10 * MIN, step=15)
+        assert st["reason"] == "NodeDeleted" and lab.pod("keep-1") is None
+        slot_res = lab.lab.call(lambda h: h.emulator.get_object("infra.homecluster.dev/v2alpha1", "nodes", NS, "s1"))
+        assert slot_res is not None
+        assert names.ANNOTATION_FORCE_DRAIN not in (slot_res["metadata"].get("annotations") or {}), "used once"

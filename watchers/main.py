@@ -66,6 +66,7 @@ class Watchers:
         meter: MetricMeter | None = None,
         doctor: Doctor | None = None,
         doctor_every: timedelta = timedelta(minutes=1),
+        watt_hour_gauges: bool = False,
     ) -> None:
         self.kube = kube
         self.doctor = doctor
@@ -77,7 +78,7 @@ class Watchers:
         self.monotonic = monotonic
         self.resync = resync
         self.cluster = Cluster()
-        self.writer = ReportWriter(kube, self.cluster, meter=meter, monotonic=monotonic)
+        self.writer = ReportWriter(kube, self.cluster, meter=meter, monotonic=monotonic, watt_hours=watt_hour_gauges)
         self.dispatcher = Dispatcher(self.cluster, signals, self.writer, clock=clock)
         spaces: list[str | None] = list(namespaces) or [None]
         self.sources: list[Source] = []
@@ -355,4 +356,5 @@ def build_watchers(
         meter=meter,
         doctor=doctor,
         doctor_every=timedelta(seconds=settings.stuck_check_seconds),
+        watt_hour_gauges=settings.watt_hour_gauges,
     )

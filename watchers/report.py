@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -292,6 +292,7 @@ class ReportWriter:
         *,
         meter: MetricMeter | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        watt_hours: bool = False,
     ) -> None:
         self.kube = kube
         self.cluster = cluster
@@ -299,7 +300,7 @@ class ReportWriter:
         self.group_writes = 0
         self.deleted_nodes: list[str] = []
         self.warned: set[tuple[str, str, str, str]] = set()  # (kind, namespace, uid, generation) already warned
-        self.usage = UsageBook(meter, monotonic=monotonic)
+        self.usage = UsageBook(meter, monotonic=monotonic, watt_hours=watt_hours)
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The adapter is synchronous: run it off the event loop, so signals and workflows keep moving."""
@@ -434,11 +435,16 @@ class ReportWriter:
             if self.usage.due(key, stored, early=True):
                 written += await self.slot(key, now, flush_early=True)
         for (namespace, name), raw in sorted(self.cluster.groups.items()):
-            figures = self.usage.group_usage(self.cluster.slots_of_group(namespace, name), now)
+            figures = self._group_figures(self.cluster.slots_of_group(namespace, name), now)
             held = _group_usage(status(raw).get("usage"))
             if self.usage.group_due((namespace, name), held, figures, early=True):  # else no facts are read
                 written += await self.group(namespace, name, now, flush_early=True)
         return written
+
+    def _group_figures(self, keys: Iterable[Key], now: datetime) -> GroupUsage | None:
+        """The group's usage at `now` from its slots' figures as written (`UsageBook.group_usage`)."""
+        keys = list(keys)
+        return self.usage.group_usage(keys, now, {k: stored_usage(self.cluster.slots.get(k)) for k in keys})
 
     def usage_state(self, key: Key, slot: JSON) -> UsageState:
         """The slot's usage state from the picture, without the rest of its facts (the tick looks at every slot)."""
@@ -552,7 +558,7 @@ class ReportWriter:
             want, keys = await self._group_counts(namespace, name, now)
             have = status(raw)
             patch = {k: v for k, v in want.items() if k not in have or have[k] != v}
-            figures = self.usage.group_usage(keys, now)
+            figures = self._group_figures(keys, now)
             stored = _group_usage(have.get("usage"))
             due = self.usage.group_due((namespace, name), stored, figures, early=flush_early)
             if figures is not None and (patch or due):

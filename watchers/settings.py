@@ -44,5 +44,11 @@ class WatchSettings(BaseModel):
         600.0, gt=0, description="a workflow whose task has failed this long is ended and taken over"
     )
     stuck_failures: int = Field(5, ge=1, description="... and at least this many times")
+    # Issue 44: energy moved to joule counters; the period's Wh gauges are off by default (promtool flags the hour as
+    # a unit) and can be turned on for this release only, while dashboards and alerts move.
+    watt_hour_gauges: bool = Field(
+        False,
+        description="also serve the deprecated homelab_slot_energy_*_watt_hours gauges (this release only)",
+    )
 
     _checked = field_checks({"lease_namespace": check_dns_label, "lease_name": check_dns_subdomain})

@@ -7,10 +7,14 @@ second), and says when the figures are due in the slot's status: at once when so
 leader) resumes every slot from its status (`domain.usage.resume`); one that stops forgets its tallies.
 
 Metrics (the exporter adds `_total` to counters): `homelab_slot_seconds_total{state}`, `homelab_slot_boots_total`,
-`homelab_slot_shutdowns_total`, and the period's `homelab_slot_energy_used_watt_hours` and
-`homelab_slot_energy_always_on_watt_hours` gauges (saved is their difference; a gauge cannot go below zero), each
-labelled `kubernetes_namespace`, `group` and `slot`. The counters count what this process observed, from zero at
-its start, as every Prometheus counter does; the status holds the period's sums.
+`homelab_slot_shutdowns_total`, the energy counters `homelab_slot_energy_joules_total` (used) and
+`homelab_slot_always_on_energy_joules_total` (what the same machine always on would have used; saved is their
+difference), and the gauge `homelab_slot_power_watts{source}` (the draw now; `source="declared"`: the slot's
+`powerDraw` for its state, so a measured source can sit beside it later), each labelled `kubernetes_namespace`,
+`group` and `slot`, named to sit beside Kepler's `*_joules_total` and `*_watts`. The counters count what this process
+observed, from zero at its start, as every Prometheus counter does; the status holds the period's sums. The period's
+`homelab_slot_energy_used_watt_hours` and `homelab_slot_energy_always_on_watt_hours` gauges are deprecated: served
+only with the watch setting `watt_hour_gauges`, for this release only (CHANGELOG.md, docs/upgrades.md).
 """
 
 from __future__ import annotations
@@ -34,10 +38,23 @@ Key = tuple[str, str]
 SECONDS = "homelab_slot_seconds"
 BOOTS = "homelab_slot_boots"
 SHUTDOWNS = "homelab_slot_shutdowns"
-ENERGY_USED = "homelab_slot_energy_used_watt_hours"
-ENERGY_ALWAYS_ON = "homelab_slot_energy_always_on_watt_hours"
+JOULES = "homelab_slot_energy_joules"
+ALWAYS_ON_JOULES = "homelab_slot_always_on_energy_joules"
+POWER = "homelab_slot_power_watts"
+#: The period's energy in Wh: deprecated for one release (the dashboard reads the joule counters), then removed.
+DEPRECATED_USED_WH = "homelab_slot_energy_used_watt_hours"
+DEPRECATED_ALWAYS_ON_WH = "homelab_slot_energy_always_on_watt_hours"
 #: What /metrics serves of the usage figures, as Prometheus names them (the dashboard's queries name only these).
-EXPORTED = (f"{SECONDS}_total", f"{BOOTS}_total", f"{SHUTDOWNS}_total", ENERGY_USED, ENERGY_ALWAYS_ON)
+EXPORTED = (
+    f"{SECONDS}_total",
+    f"{BOOTS}_total",
+    f"{SHUTDOWNS}_total",
+    f"{JOULES}_total",
+    f"{ALWAYS_ON_JOULES}_total",
+    POWER,
+)
+#: Where the power gauge's figure comes from: the slot's (or its Group's) `powerDraw`.
+DECLARED = "declared"
 
 
 @dataclass
@@ -52,6 +69,7 @@ class Entry:
     flushed: float
     labels: dict[str, str]
     carry: dict[UsageState, float] = field(default_factory=lambda: dict.fromkeys(UsageState, 0.0))
+    joules_carry: tuple[float, float] = (0.0, 0.0)  # (used, always on): the fractions of a joule not yet counted
     reset_from: usage.Tally | None = None  # the period a reset just ended, until the write that says so lands
 
 
@@ -60,17 +78,33 @@ class _Meters:
     seconds: MetricCounter
     boots: MetricCounter
     shutdowns: MetricCounter
-    used: MetricGaugeFloat
-    always_on: MetricGaugeFloat
+    joules: MetricCounter
+    always_on_joules: MetricCounter
+    power: MetricGaugeFloat
+    used: MetricGaugeFloat | None
+    always_on: MetricGaugeFloat | None
 
     @classmethod
-    def of(cls, meter: MetricMeter) -> _Meters:
+    def of(cls, meter: MetricMeter, watt_hours: bool) -> _Meters:
+        """The meters; the deprecated Wh gauges only when asked for (`watt_hour_gauges`)."""
         return cls(
             meter.create_counter(SECONDS, "seconds a slot was observed in each usage state"),
             meter.create_counter(BOOTS, "times a slot's machine was observed to come on"),
             meter.create_counter(SHUTDOWNS, "times a slot's machine was observed to go off"),
-            meter.create_gauge_float(ENERGY_USED, "energy a slot's machine used in its period, in Wh"),
-            meter.create_gauge_float(ENERGY_ALWAYS_ON, "energy it would have used always on in its period, in Wh"),
+            meter.create_counter(JOULES, "energy a slot's machine used while observed, in joules, at its powerDraw"),
+            meter.create_counter(ALWAYS_ON_JOULES, "energy the same machine always on would have used, in joules"),
+            meter.create_gauge_float(POWER, "a slot's machine's draw now in watts (source: where the figure is from)"),
+            meter.create_gauge_float(
+                DEPRECATED_USED_WH, "deprecated, removed in the next release: use homelab_slot_energy_joules_total"
+            )
+            if watt_hours
+            else None,
+            meter.create_gauge_float(
+                DEPRECATED_ALWAYS_ON_WH,
+                "deprecated, removed in the next release: use homelab_slot_always_on_energy_joules_total",
+            )
+            if watt_hours
+            else None,
         )
 
 
@@ -83,12 +117,13 @@ class UsageBook:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         flush: timedelta = TIMINGS.usage_flush_interval,
+        watt_hours: bool = False,
     ) -> None:
         self.monotonic = monotonic
         self.flush = flush.total_seconds()
         self.entries: dict[Key, Entry] = {}
         self.group_flushed: dict[Key, float] = {}
-        self.meters = _Meters.of(meter) if meter is not None else None
+        self.meters = _Meters.of(meter, watt_hours) if meter is not None else None
 
     # --- looking -------------------------------------------------------------------------------------------------
     def look(
@@ -149,8 +184,28 @@ class UsageBook:
         return ended
 
     # --- groups --------------------------------------------------------------------------------------------------
-    def group_usage(self, keys: Iterable[Key], now: datetime) -> GroupUsage | None:
-        parts = [(e.tally, e.draw) for k in keys if (e := self.entries.get(k)) is not None]
+    def group_usage(
+        self, keys: Iterable[Key], now: datetime, written: Mapping[Key, SlotUsage | None] | None = None
+    ) -> GroupUsage | None:
+        """The group's figures at `now`: each slot's as its status holds them (`written`) brought up to `now`, so a
+        reader who sums the slots' statuses at that moment gets the group's to the second; a slot whose status is
+        behind its tally by more than time (a move not written yet), or has none, counts from its tally."""
+        parts = []
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None:
+                continue
+            held = (written or {}).get(key)
+            if (
+                held is not None
+                and held.counted_to is not None
+                and held.counted_to <= now
+                and usage.settled_part(held) == usage.settled_part(self.status_of(entry))
+                and (tally := usage.from_status(usage.status_at(held, now))) is not None
+            ):
+                parts.append((tally, entry.draw))
+            else:
+                parts.append((entry.tally, entry.draw))
         return usage.group_usage(parts, now)
 
     def group_due(self, group: Key, stored: GroupUsage | None, want: GroupUsage | None, *, early: bool = False) -> bool:
@@ -186,12 +241,16 @@ class UsageBook:
             self.meters.seconds.add(0, {**entry.labels, "state": state})
         self.meters.boots.add(0, entry.labels)
         self.meters.shutdowns.add(0, entry.labels)
+        if usage.joules(entry.draw, {}, 0) is not None:
+            self.meters.joules.add(0, entry.labels)
+            self.meters.always_on_joules.add(0, entry.labels)
         if before is not None:
             self._meter(entry, before)
 
     def _meter(self, entry: Entry, before: usage.Tally) -> None:
         if self.meters is None:
             return
+        self._meter_joules(entry, before)
         for state in UsageState:
             grown = entry.tally.seconds[state] - before.seconds[state] + entry.carry[state]
             whole = int(grown) if grown > 0 else 0
@@ -203,8 +262,26 @@ class UsageBook:
         if entry.tally.shutdowns > before.shutdowns:
             self.meters.shutdowns.add(entry.tally.shutdowns - before.shutdowns, entry.labels)
 
+    def _meter_joules(self, entry: Entry, before: usage.Tally) -> None:
+        """The energy of what this look counted, at the draw the slot has now, onto the joule counters (whole joules;
+        the fractions wait for the next look)."""
+        assert self.meters is not None
+        grown = {s: max(0.0, entry.tally.seconds[s] - before.seconds[s]) for s in UsageState}
+        found = usage.joules(entry.draw, grown, max(0, entry.tally.boots - before.boots))
+        if found is None:
+            return
+        used, always_on = (found[0] + entry.joules_carry[0], found[1] + entry.joules_carry[1])
+        entry.joules_carry = (used - int(used), always_on - int(always_on))
+        self.meters.joules.add(int(used), entry.labels)
+        self.meters.always_on_joules.add(int(always_on), entry.labels)
+
     def _meter_energy(self, entry: Entry) -> None:
         if self.meters is None:
+            return
+        watts = usage.power_watts(entry.tally.state, entry.draw)
+        if watts is not None:
+            self.meters.power.set(watts, {**entry.labels, "source": DECLARED})
+        if self.meters.used is None or self.meters.always_on is None:
             return
         found = usage.energy(entry.tally, entry.draw)
         if isinstance(found, usage.Energy):

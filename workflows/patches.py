@@ -50,6 +50,7 @@ class Patch(StrEnum):
     ERRORED_INSTANCE_NEVER_COMES_BACK = "errored-instance-never-comes-back"
     END_TOLD_ONCE_COMMITTED = "claim-tells-its-end-once-committed"
     GROUP_HEARS_ITS_OWN_CLAIMS = "group-hears-only-claims-it-tracks"
+    DRAIN_BEFORE_DARK = "shutdown-drains-the-node-first"
 
 
 # The 0.2 line's last commit called itself 0.2.0a0: every patch of that line is dated by it.
@@ -85,4 +86,5 @@ INTRODUCED: dict[Patch, str] = {
     Patch.ERRORED_INSTANCE_NEVER_COMES_BACK: "0.4.0",
     Patch.END_TOLD_ONCE_COMMITTED: "0.4.0",
     Patch.GROUP_HEARS_ITS_OWN_CLAIMS: "0.4.0",
+    Patch.DRAIN_BEFORE_DARK: "0.4.0",
 }

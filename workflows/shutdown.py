@@ -29,6 +29,7 @@ from api.names import (
 from domain import claims
 from domain.timings import TIMINGS
 from workflows import metrics
+from workflows.drain import drain
 from workflows.patches import Patch
 from workflows.verbs import Broken
 
@@ -276,6 +277,12 @@ async def shut_down(host: ShutdownHost) -> bool:
                 return False
         except Broken as err:  # a cordon only keeps pods away meanwhile; the power-off does not need it
             await host.on_event(EventReason.SHUTDOWN_JOB_FAILED, f"could not cordon: {err.message}", True)
+        # The drain before dark: the node's Pods leave through the Eviction API before its shutdown Job is made.
+        if workflow.patched(Patch.DRAIN_BEFORE_DARK):
+            if not await drain(host):
+                return False
+            if not host.maybe_on():
+                return True
         book.sequence += 1
         job = c.job_name(host.job_owner() or slot.slot, JobType.SHUTDOWN, book.sequence)
 

@@ -58,6 +58,7 @@ from kubernetes import client as k8s_client
 
 from homelab_sim.emulator_core import KUBERNETES_VERSION
 from homelab_sim.emulator_errors import ApiError
+from homelab_sim.emulator_eviction import BUDGETS, budget_status, evict
 from homelab_sim.emulator_logs import ContainerLogs, log_container, render_log
 from homelab_sim.emulator_pages import (
     decode_continue,
@@ -826,6 +827,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise ApiError(405, "MethodNotAllowed", f"{info.verb} is not supported on {spec.plural}")
         dry_run = info.params.get("dryRun") == "All"
         key_: ObjKey = (info.namespace, info.name or "")
+        if spec.key == BUDGETS and info.verb in ("get", "list", "watch"):
+            self._refresh_budgets(info.namespace)  # the disruption controller, never behind a read
+        if info.verb == "create" and spec.key == PODS and info.subresource == "eviction":
+            return self._respond(raw_request, spec, self._evict(key_, dry_run), status=201)
         if info.verb == "watch":
             return await self._watch_stream(raw_request, spec, info)
         if info.verb == "list":
@@ -861,6 +866,30 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         self._delete(spec, (_meta(item).get("namespace"), _meta(item)["name"]))
             return self._respond(raw_request, spec, self._list_body(spec, items))
         raise ApiError(405, "MethodNotAllowed", f"{info.method} is not supported here")
+
+    def _refresh_budgets(self, namespace: str | None) -> None:
+        """Write each budget's status as the disruption controller would from the Pods now (only what changed)."""
+        spec = self.specs[BUDGETS]
+        pods = [p for (ns, _), p in self.store[PODS].items() if namespace is None or ns == namespace]
+        for key, old in list(self.store[BUDGETS].items()):
+            if namespace is not None and key[0] != namespace:
+                continue
+            status = budget_status(old, [p for p in pods if _meta(p).get("namespace") == key[0]])
+            if old.get("status") != status:
+                self._commit(spec, key, old, {**copy.deepcopy(old), "status": status})
+
+    def _evict(self, key_: ObjKey, dry_run: bool) -> Obj:
+        """POST pods/NAME/eviction: judged against the namespace's budgets, the Pod deleted when allowed."""
+        pods = self.specs[PODS]
+        pod = self._require(pods, key_)
+        self._refresh_budgets(key_[0])
+        budgets = [b for (ns, _), b in self.store[BUDGETS].items() if ns == key_[0]]
+
+        def delete() -> None:
+            if not dry_run:
+                self._delete(pods, key_)
+
+        return evict(pod, budgets, delete)
 
     def _update(self, spec: ResourceSpec, key_: ObjKey, info: RequestInfo, old: Obj, *, dry_run: bool) -> Obj:
         """A patch or an update of ``old``: the client's resourceVersion checked, then written (or only judged)."""

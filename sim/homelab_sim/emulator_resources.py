@@ -99,7 +99,7 @@ DEFAULT_RESOURCES: tuple[ResourceSpec, ...] = (
         "Pod",
         namespaced=True,
         status_subresource=True,
-        verbs=frozenset({"get", "list", "watch"}),
+        verbs=frozenset({"get", "list", "watch", "create", "delete"}),
         short_names=("po",),
         categories=("all",),
     ),
@@ -108,6 +108,15 @@ DEFAULT_RESOURCES: tuple[ResourceSpec, ...] = (
     ResourceSpec("batch", "v1", "jobs", "Job", namespaced=True, status_subresource=True, strip_status_on_create=True),
     ResourceSpec("events.k8s.io", "v1", "events", "Event", namespaced=True, short_names=("ev",)),
     ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    ResourceSpec(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        status_subresource=True,
+        short_names=("pdb",),
+    ),
     # Validating admission webhooks (emulator_webhooks): the emulator calls the ones stored here.
     ResourceSpec(
         "admissionregistration.k8s.io",

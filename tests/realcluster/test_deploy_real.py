@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(600)]
 # Every kustomization a user applies (tests/test_deploy.py renders the same list offline).
 KUSTOMIZATIONS = (
     "crds", "rbac", "base", "overlays/homelab", "overlays/homelab-mtls", "overlays/split",
-    "overlays/temporal-cluster", "cluster-autoscaler/plaintext", "cluster-autoscaler/mtls", "kind",
+    "overlays/temporal-cluster", "overlays/external-postgresql", "cluster-autoscaler/plaintext",
+    "cluster-autoscaler/mtls", "kind",
 )  # fmt: skip
 NOT_OFFLINE = {"cert-manager.io"}  # API groups whose CRDs cannot be installed here
 # Not Kubernetes objects: the simulated homelab's own file format (`python -m homelab_sim --homelab`).

@@ -1,28 +1,32 @@
-"""The Helm chart on the real node (`make e2e-pods`): issue 30's part 7 with the chart's own Pods doing the work. The
-images are the run's registry's, the Pods run in containerd on the real kubelet, the machine is a KWOK one switched
-by the machine room that a power Job's container calls (tests/realcluster/podstack.py, as test_pods.py's story).
-Each command is docs/install.md's, read from it (tests/realcluster/helm.py):
+"""The Helm chart on the real node (`make e2e-pods`): issue 30's part 7 with the chart's own Pods doing the work, on
+issue 40's default, the bundled Temporal on PostgreSQL. The images are the run's registry's (the operator's, and
+same-version stand-ins for the official Temporal server, admin-tools, UI and PostgreSQL images the chart names), the
+Pods run in containerd on the real kubelet, the machine is a KWOK one switched by the machine room that a power Job's
+container calls (tests/realcluster/podstack.py, as test_pods.py's story). Each command is docs/install.md's, read
+from it (tests/realcluster/helm.py):
 
-1. the guide's default StorageClass, then `helm install --create-namespace --wait` with the previous release's
-   image: the operator's and Temporal's Pods Running and Ready on the real kubelet, their containers in containerd,
-   `homelab-autoscaler --version` in them the previous release's, Temporal's volume claim bound by local-path;
+1. the guide's default StorageClass, then `helm install --create-namespace --wait` of the defaults, the images
+   overridden by a values file as a private registry's user writes one: the operator's Pod and the bundled
+   Temporal's three (PostgreSQL, the server, the Web UI) Running and Ready on the real kubelet, their containers in
+   containerd, each init container (the operator's `temporal-setup`, the server's `schema`) done; PostgreSQL's
+   volume claim bound by local-path, its password Secret made by the operator's init container;
 2. one boot: a claim applied by hand is booted by the chart's operator Pod through a startup Job whose Pod runs
    busybox's `wget` to the machine room on the real node; the KWOK machine comes up and the claim ends ready;
-3. `helm upgrade --wait` to this checkout's image: both Pods replaced and running it (its version), no restart, the
-   new operator holds the watchers' Lease, Temporal kept the claim's workflow on its volume, and the booted claim is
-   untouched: the same object, ready, no second startup Job, no second call to its BMC;
-4. the operator's Pod started while Temporal's is down (what an install or a node's restart may do) waits for it,
-   and runs without a restart once it is up (the real node found it exiting instead);
+3. `helm upgrade --wait` to every image under a second tag: all four Pods replaced and running them, the operator
+   without a restart, the new operator holds the watchers' Lease, the server's `schema` step ran again on the
+   up-to-date database, Temporal kept the claim's workflow in PostgreSQL (its volume kept across its Pod's
+   replacement), and the booted claim is untouched: the same object, ready, no second startup Job, no second call
+   to its BMC;
+4. the operator's Pod started while the Temporal server is down (what an install or a node's restart may do): its
+   `temporal-setup` init container says it waits for it, and once the server is back the operator runs, with no
+   restart;
 5. `helm uninstall`: the chart's objects and Pods gone from the node; the CRDs, the Group, the slot and the claim
-   (ready, its finalizer), the namespace, `data-temporal-0` and the watchers' Lease left, the machine still on, as
-   the guide says.
+   (ready, its finalizer), the namespace, PostgreSQL's volume claim and password Secret, and the watchers' Lease
+   left, the machine still on, as the guide says.
 
-The previous release first, this checkout's next: that is the upgrade a Helm user makes (docs/upgrades.md), and the
-chart at this checkout runs that image, because the container it renders (command, arguments, environment, ports,
-probes, mounts) is the one v0.3.0's chart rendered (`git diff v0.3.0 -- charts/homelab-autoscaler/templates` changes
-only where the Pods may run and their annotations): a difference there would fail step 1 and be found. Without a
-previous release in the clone, this checkout's image is installed and the upgrade goes to the same image under
-another tag (said when it runs).
+This checkout's images, installed, then the same images under a second tag: the chart's operator Pod runs
+`homelab-autoscaler temporal-setup` first, which the previous release's image does not have, so that image cannot
+run this chart. The upgrade from 0.3.0's dev server to this default is test_pods.py's (docs/upgrades.md).
 
 The node's namespace and cgroups are named `hlhelm-<hex>` (not test_pods.py's `hlas-`), so this module and another
 real-node run on the shared machine never count each other's node; the last step checks that nothing named so, or
@@ -38,7 +42,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,7 +59,7 @@ from tests.realcluster.cluster import wait_until
 from tests.realcluster.conftest import FAILED
 from tests.realcluster.helm import CRDS, RELEASED, ChartReads, Helm, documented, install_command
 from tests.realcluster.node import NODE_NAME
-from tests.realcluster.podstack import PREVIOUS, PodStack, machine_room_service, powered
+from tests.realcluster.podstack import PodStack, machine_room_service, powered
 from tests.realcluster.stack import NS, GroupSpec, Homelab, SlotSpec, hand_claim, phase
 from tests.realcluster.test_pods import node_ready
 
@@ -70,62 +73,104 @@ BOOT_SECONDS = 3.0  # from the BMC's yes to the machine's kubelet
 WATCH_LEASE = "homelab-autoscaler-watch"
 
 
+# The images of the install, by their name in the run's registry (podstack's `Images.refs`), and the values that
+# name each in the chart (temporal.bundled.images.*); the operator's is `image`.
+OPERATOR = "homelab-autoscaler"
+TEMPORAL_VALUES = {"temporal-server": "server", "temporal-admin-tools": "adminTools", "temporal-ui": "ui",
+                   "postgresql": "postgresql"}  # fmt: skip
+# Each of the chart's Pods by its labels (name, component), and the image each of its containers, init containers
+# too, runs.
+EXPECTED_PODS: dict[tuple[str, str], dict[str, str]] = {
+    ("homelab-autoscaler", "operator"): {"homelab-autoscaler": OPERATOR, "temporal-setup": OPERATOR},
+    ("temporal", "postgresql"): {"postgresql": "postgresql"},
+    ("temporal", "server"): {"server": "temporal-server", "schema": "temporal-admin-tools"},
+    ("temporal", "web"): {"web": "temporal-ui"},
+}
+PASSWORD_SECRET = "temporal-postgresql"
+DATA_CLAIM = "data-temporal-postgresql-0"
+
+
 @dataclass
 class HelmPods(PodStack, ChartReads):
     """The real node with the chart installed by helm."""
 
     helm: Helm = field(init=False)
-    chart_images: tuple[str, str] = ("", "")  # installed, upgraded to
-    versions: tuple[str, str] = ("", "")  # what `homelab-autoscaler --version` says in each
+    # The images installed, and those upgraded to: the run's name of each (OPERATOR, TEMPORAL_VALUES) → its ref.
+    chart_images: tuple[dict[str, str], dict[str, str]] = ({}, {})
 
     def start(self) -> HelmPods:
         super().start()
         self.helm = Helm(self.cluster.bins, self.cluster.admin_kubeconfig, self.dir / "helm")
-        current, this = self.images["homelab-autoscaler"], f"homelab-autoscaler {releases.current()}"
-        if PREVIOUS in self.images.refs:
-            # Its version as its own pyproject.toml says (build_images exported its commit there).
-            project = tomllib.loads((self.dir / "previous" / "pyproject.toml").read_text())["project"]
-            self.chart_images = (self.images[PREVIOUS], current)
-            self.versions = (f"homelab-autoscaler {project['version']}", this)
-        else:
-            # No previous release in this clone: the same image under a second tag, so the upgrade is a real rollout.
-            second = f"{current}-next"
-            self.builder.push(self.built["homelab-autoscaler"], second)
-            self.chart_images, self.versions = (current, second), (this, this)
-            print(f"\nno previous release's image: installing {current}, upgrading to the same image as {second}")
+        installed = {name: self.images[name] for name in (OPERATOR, *TEMPORAL_VALUES)}
+        upgraded = {name: f"{ref}-next" for name, ref in installed.items()}
+        # The same images under a second tag, so the upgrade is a real rollout of every Pod.
+        for name, ref in upgraded.items():
+            self.builder.push(self.built[name], ref)
+        self.chart_images = (installed, upgraded)
         return self
+
+    def write_values(self, images: dict[str, str]) -> None:
+        """The run's values file: the operator's image and the bundled Temporal's, as `repository` and `tag`."""
+        bundled = {}
+        for name, key in TEMPORAL_VALUES.items():
+            repository, _, tag = images[name].rpartition(":")
+            bundled[key] = {"repository": repository, "tag": tag}
+        self.helm.more_values = {"temporal": {"bundled": {"images": bundled}}}
+        self.helm.write_values(images[OPERATOR])
 
     # --- reading the node -------------------------------------------------------------------------------------------
     def core(self) -> Any:
         return k8s.CoreV1Api(self.cluster.admin)
 
-    def running(self, pod: Any, image: str) -> str:
-        """'' when every container of `pod` runs `image`, Ready, on the real node, as containerd's task; else what is
-        not so."""
+    @staticmethod
+    def kind(pod: Any) -> tuple[str, str]:
+        labels = pod.metadata.labels
+        return labels.get("app.kubernetes.io/name", ""), labels.get("app.kubernetes.io/component", "")
+
+    def running(self, pod: Any, images: dict[str, str]) -> str:
+        """'' when `pod` runs on the real node, each container Ready as containerd's task and each init container
+        done, every one of them from its image of `images`; else what is not so."""
         if pod.spec.node_name != NODE_NAME or pod.status.phase != "Running":
             return f"{pod.metadata.name} is {pod.status.phase} on {pod.spec.node_name}"
+        expected = {c: images[name] for c, name in EXPECTED_PODS.get(self.kind(pod), {}).items()}
+        if not expected:
+            return f"{pod.metadata.name}: not a Pod of the chart's ({self.kind(pod)})"
         tasks = set(self.node.tasks())
+        statuses = [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]
+        if sorted(c.name for c in statuses) != sorted(expected):
+            return f"{pod.metadata.name} has containers {sorted(c.name for c in statuses)}, not {sorted(expected)}"
+        for c in pod.status.init_container_statuses or []:
+            done = c.state.terminated
+            if done is None or done.exit_code != 0:
+                return f"{pod.metadata.name}/{c.name} (init): {c.state}"
         for c in pod.status.container_statuses or []:
             cid = str(c.container_id or "").removeprefix("containerd://")
             if not (c.ready and c.started and c.state.running) or cid not in tasks:
                 return f"{pod.metadata.name}/{c.name}: ready={c.ready} started={c.started}, task {cid or '-'}"
-            if c.image != image:
-                return f"{pod.metadata.name}/{c.name} runs {c.image}, not {image}"
+        for c in statuses:
+            if c.image != expected[c.name]:
+                return f"{pod.metadata.name}/{c.name} runs {c.image}, not {expected[c.name]}"
         return ""
 
-    def chart_running(self, image: str) -> bool:
-        """The operator's and Temporal's Pods (one each) all `running` `image`."""
+    def problems(self, images: dict[str, str]) -> list[str]:
+        """What keeps the chart's Pods (one of each kind) from all `running` `images`; empty when nothing does."""
         pods = self.chart_pods()
-        kinds = sorted(p.metadata.labels["app.kubernetes.io/name"] for p in pods)
-        return kinds == ["homelab-autoscaler", "temporal"] and not any(self.running(p, image) for p in pods)
+        kinds = sorted(self.kind(p) for p in pods)
+        if kinds != sorted(EXPECTED_PODS):
+            return [f"the chart's Pods are {kinds}, not {sorted(EXPECTED_PODS)}"]
+        return [problem for p in pods if (problem := self.running(p, images))]
+
+    def chart_running(self, images: dict[str, str]) -> bool:
+        return not self.problems(images)
 
     def version_in(self, what: str) -> str:
         """`homelab-autoscaler --version` in a container of the chart (`deployment/…` or a Pod's name)."""
         return self.cluster.kubectl("-n", NS, "exec", what, "--", "homelab-autoscaler", "--version").stdout.strip()
 
     def restarts(self) -> dict[str, int]:
-        """Each of the chart's Pods' container restarts."""
-        return {p.metadata.name: sum(c.restart_count for c in p.status.container_statuses or [])
+        """Each of the chart's Pods' container restarts, its init containers' too."""
+        return {p.metadata.name: sum(c.restart_count for c in [*(p.status.init_container_statuses or []),
+                                                               *(p.status.container_statuses or [])])
                 for p in self.chart_pods()}  # fmt: skip
 
     def lease_holder(self) -> str:
@@ -175,22 +220,22 @@ def test_1_helm_install_runs_the_charts_pods_on_the_real_kubelet(stack: HelmPods
     with s.phase("storage class"):  # the guide's step before any install
         s.install_storage()
         s.helm.run(documented("kubectl patch storageclass local-path"))
-    s.helm.write_values(s.chart_images[0])
+    s.write_values(s.chart_images[0])
     with s.phase("helm install --wait"):
         s.helm.run(install_command())
     assert s.helm.history(NS) == ["deployed"]
-    problems = [s.running(p, s.chart_images[0]) for p in s.chart_pods()]
-    assert s.chart_running(s.chart_images[0]), problems or "no Pod of the chart"
-    assert s.version_in("deployment/homelab-autoscaler") == s.versions[0]
-    assert s.version_in("temporal-0") == s.versions[0], "Temporal runs the `temporal` CLI of the same image"
-    pvc = s.volume_claim("data-temporal-0")
+    assert s.chart_running(s.chart_images[0]), s.problems(s.chart_images[0])
+    assert s.version_in("deployment/homelab-autoscaler") == f"homelab-autoscaler {releases.current()}"
+    pvc = s.volume_claim(DATA_CLAIM)
     assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == "local-path", pvc.status
+    # Made by the operator's init container (no Helm hook): the chart renders no Secret.
+    secret = s.core().read_namespaced_secret(PASSWORD_SECRET, NS)
+    assert secret.metadata.labels.get("app.kubernetes.io/managed-by") == "homelab-autoscaler", secret.metadata
+    assert "password" in (secret.data or {})
     for name in CRDS:
         assert s.crd(name)["metadata"]["labels"]["app.kubernetes.io/part-of"] == "homelab-autoscaler"
-    # The previous release's operator exits when Temporal does not answer yet, and the kubelet restarts it (fixed
-    # since: it waits, test_worker_process.py); this checkout's image is held to no restart after the upgrade.
     STATE["restarts after install"] = s.restarts()
-    print(f"\nrestarts after `helm install` of {s.versions[0]}: {STATE['restarts after install']}")
+    print(f"\nrestarts after `helm install`: {STATE['restarts after install']}")
     wide = s.cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout
     print(f"\nkubectl get pods -A -o wide after `helm install`:\n{wide}")
 
@@ -215,36 +260,43 @@ def test_2_one_boot_by_the_charts_operator_pod_through_a_job_pod_on_the_node(sta
     assert node_ready(s, SLOT)
 
 
-def test_3_helm_upgrade_to_the_next_image_leaves_the_booted_claim_be(stack: HelmPods) -> None:
+def test_3_helm_upgrade_to_the_next_images_leaves_the_booted_claim_be(stack: HelmPods) -> None:
     s = stack
     assert s.room is not None
     before, jobs, calls = s.claim(CLAIM), s.jobs_created(), list(s.room.calls)
+    old_pods = {p.metadata.name for p in s.chart_pods()}
     old_operator = s.operator_pod()
-    s.helm.write_values(s.chart_images[1])
+    s.write_values(s.chart_images[1])
     upgraded_at = time.time()
     with s.phase("helm upgrade --wait"):
         s.helm.run(documented("helm upgrade homelab-autoscaler ./charts/homelab-autoscaler"))
         wait_until(f"the chart's Pods running {s.chart_images[1]} on the real node",
-                   lambda: s.chart_running(s.chart_images[1]), within=120)  # fmt: skip
+                   lambda: s.chart_running(s.chart_images[1]), within=300)  # fmt: skip
     assert s.helm.history(NS) == ["superseded", "deployed"]
-    assert s.version_in("deployment/homelab-autoscaler") == s.versions[1]
-    assert s.version_in("temporal-0") == s.versions[1]
+    assert not old_pods & {p.metadata.name for p in s.chart_pods() if p.metadata.name != "temporal-postgresql-0"}
     new_operator = s.operator_pod()
     assert new_operator != old_operator
-    # Both Pods were replaced at once (Temporal's StatefulSet rolls while the operator's Deployment is recreated):
-    # the new operator waited for the new Temporal instead of exiting.
-    assert set(s.restarts().values()) == {0}, s.restarts()  # a failure prints the Pods' logs
+    # Every Pod was replaced at once: the new operator's init container waited for the new server, which its own
+    # init container held until PostgreSQL answered. Temporal's Pods may restart on a database replaced under
+    # them (printed); the operator's may not.
+    restarts = s.restarts()
+    print(f"\nrestarts after `helm upgrade`: {restarts}")
+    assert restarts[new_operator] == 0, restarts  # a failure prints the Pods' logs
     wait_until(f"the new operator Pod {new_operator} to hold the watchers' Lease",
                lambda: s.lease_holder() == new_operator, within=120)  # fmt: skip
-    # Temporal's new Pod found the claim's workflow on the kept volume: started before the upgrade, still running.
-    described = s.cluster.kubectl("-n", NS, "exec", "temporal-0", "--", "temporal", "workflow", "describe",
-                                  "--workflow-id", f"nodeclaim/{NS}/{CLAIM}", "--address", "127.0.0.1:7233",
-                                  "--output", "json").stdout  # fmt: skip
+    # The new server's schema step ran again on the up-to-date database and let the server start.
+    schema = s.cluster.kubectl("-n", NS, "logs", "deployment/temporal-server", "-c", "schema").stdout
+    assert "schemas of temporal and temporal_visibility are this release's" in schema, schema[-2000:]
+    # Temporal found the claim's workflow in PostgreSQL, on its kept volume: started before the upgrade, running.
+    described = s.cluster.kubectl("-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--",
+                                  "temporal", "workflow", "describe", "--workflow-id", f"nodeclaim/{NS}/{CLAIM}",
+                                  "--address", "temporal-frontend:7233", "--output", "json").stdout  # fmt: skip
     info = json.loads(described)
     execution = info.get("workflowExecutionInfo") or info.get("execution_info") or info
     started = datetime.fromisoformat(str(execution.get("startTime")).replace("Z", "+00:00")).timestamp()
     assert started < upgraded_at, described[:400]
     assert "RUNNING" in str(execution.get("status")).upper(), described[:400]
+    assert s.volume_claim(DATA_CLAIM).status.phase == "Bound"
     now = s.claim(CLAIM)
     assert before is not None and now is not None
     assert phase(now) == "ready" and now["metadata"]["uid"] == before["metadata"]["uid"]
@@ -255,32 +307,37 @@ def test_3_helm_upgrade_to_the_next_image_leaves_the_booted_claim_be(stack: Helm
 
 
 def test_4_an_operator_pod_that_starts_before_temporal_waits_for_it(stack: HelmPods) -> None:
-    """What every install and node restart does by chance, made certain: Temporal's StatefulSet scaled to 0, the
-    operator's Pod deleted; the new one (this checkout's image) says it waits for Temporal; Temporal scaled back to
-    the chart's one replica, the operator connects: no restart, the claim as it was."""
+    """What every install and node restart does by chance, made certain: the Temporal server's Deployment scaled
+    to 0, the operator's Pod deleted; the new one's `temporal-setup` init container (this checkout's image) says it
+    waits for Temporal; the server scaled back to the chart's one replica, the operator connects: no restart, the
+    claim as it was."""
     s = stack
     assert s.room is not None
     jobs, calls = s.jobs_created(), list(s.room.calls)
+
+    def server_pods() -> list[str]:
+        return [p.metadata.name for p in s.chart_pods() if s.kind(p) == ("temporal", "server")]
+
     with s.phase("operator before Temporal"):
-        s.cluster.kubectl("-n", NS, "scale", "statefulset/temporal", "--replicas=0")
-        # Not waited out: the operator's Pod starts while temporal-0 may still be terminating, whose address then
+        s.cluster.kubectl("-n", NS, "scale", "deployment/temporal-server", "--replicas=0")
+        # Not waited out: the operator's Pod starts while the server's may still be terminating, whose address then
         # answers a connect with nothing (one try hung for over a minute here before each try was bounded).
-        wait_until("temporal-0 deleted", lambda: not any(p.metadata.name == "temporal-0" for p in s.chart_pods()),
-                   within=120)  # fmt: skip
+        wait_until("the Temporal server's Pod deleted", lambda: not server_pods(), within=120)
         old = s.operator_pod()
         s.cluster.kubectl("-n", NS, "delete", "pod", old, "--wait=false")
 
         def waiting() -> bool:
-            pods = [p.metadata.name for p in s.chart_pods() if p.metadata.name != old]
+            pods = [p.metadata.name for p in s.chart_pods()
+                    if p.metadata.name != old and s.kind(p)[0] == "homelab-autoscaler"]  # fmt: skip
             if not pods:
                 return False
-            done = s.cluster.kubectl("-n", NS, "logs", pods[0], check=False)
-            return "does not answer yet" in done.stdout
+            done = s.cluster.kubectl("-n", NS, "logs", pods[0], "-c", "temporal-setup", check=False)
+            return "does not answer yet" in done.stdout + done.stderr
 
-        wait_until("the new operator Pod to say it waits for Temporal", waiting, within=60)
-        s.cluster.kubectl("-n", NS, "scale", "statefulset/temporal", "--replicas=1")
+        wait_until("the new operator Pod's temporal-setup to say it waits for Temporal", waiting, within=60)
+        s.cluster.kubectl("-n", NS, "scale", "deployment/temporal-server", "--replicas=1")
         wait_until(f"the chart's Pods running {s.chart_images[1]} again", lambda: s.chart_running(s.chart_images[1]),
-                   within=120)  # fmt: skip
+                   within=240)  # fmt: skip
     assert set(s.restarts().values()) == {0}, s.restarts()
     claim = s.claim(CLAIM)
     assert claim is not None and phase(claim) == "ready"
@@ -305,7 +362,9 @@ def test_5_helm_uninstall_leaves_the_crds_the_claim_and_the_machine(stack: HelmP
     assert claim is not None and phase(claim) == "ready", claim
     assert names.FINALIZER_CLAIM in claim["metadata"]["finalizers"]
     assert s.exists(f"groups.{names.GROUP}", "workers") and s.exists(f"nodes.{names.GROUP}", SLOT)
-    assert s.exists("namespace", NS) and s.exists("persistentvolumeclaim", "data-temporal-0")
+    assert s.exists("namespace", NS) and s.exists("persistentvolumeclaim", DATA_CLAIM)
+    # Not the chart's: the operator's init container made it, so a reinstall finds PostgreSQL's password with its data.
+    assert s.exists("secret", PASSWORD_SECRET)
     # The watchers' Lease stays too, as docs/install.md says: the operator's Pod stops after Helm has deleted the
     # Role that let it release the Lease (Helm waits for no Pod), so a reinstall leads after the Lease expires.
     assert s.exists("lease", WATCH_LEASE)

@@ -31,7 +31,14 @@ from tests.realcluster.certmanager import CertManager
 from tests.realcluster.cluster import cluster_autoscaler_binary, wait_until
 from tests.realcluster.conftest import FAILED
 from tests.realcluster.node import NODE_NAME, PREFIX, cert_manager_crds
-from tests.realcluster.podstack import PREVIOUS, PodStack, machine_room_service, powered
+from tests.realcluster.podstack import (
+    PREVIOUS,
+    TOLERATE_CONTROL_PLANE,
+    PodStack,
+    machine_room_service,
+    powered,
+    temporal_images,
+)
 from tests.realcluster.stack import (
     DEPLOY,
     MACHINE_LABEL,
@@ -144,22 +151,56 @@ def test_a_default_storage_class_as_the_guide_says(pods: PodStack) -> None:
 
 
 def test_the_homelab_install_as_the_guide_types_it(pods: PodStack) -> None:
-    """`kubectl apply -k deploy/overlays/homelab` (through an overlay that renames the image only), the two
-    `rollout status` lines, and the Temporal volume bound by the default StorageClass."""
-    overlay = pods.overlay("homelab", DEPLOY / "overlays" / "homelab",
-                           {OPERATOR_IMAGE: pods.images["homelab-autoscaler"]})  # fmt: skip
-    paths = {"deploy/overlays/homelab": overlay}
-    with pods.phase("install (apply, rollout status)"):
-        rendered = typed(pods, "kubectl kustomize deploy/overlays/homelab", paths)
-        assert pods.images["homelab-autoscaler"] in rendered
-        typed(pods, "kubectl apply -k deploy/overlays/homelab", paths)
-        typed(pods, "kubectl -n homelab-autoscaler-system rollout status statefulset/temporal")
-        typed(pods, "kubectl -n homelab-autoscaler-system rollout status deployment/homelab-autoscaler")
+    """`kubectl apply -k deploy/overlays/homelab` (through an overlay that renames the images only), the
+    `rollout status` lines, and PostgreSQL's volume bound by the default StorageClass.
+
+    With a previous release to start from (tests/releases.py's, as `make upgrade` has), the story begins as a user of
+    it: that release's own deploy/overlays/homelab (0.3.0: the Temporal dev server on SQLite) and image, which
+    test_a_rollout_of_a_new_image_while_claims_are_in_flight upgrades to this one with claims in flight; without
+    one, this release's default is installed here."""
     core: Any = k8s.CoreV1Api(pods.cluster.admin)
-    pvc = core.read_namespaced_persistent_volume_claim("data-temporal-0", NS)
-    assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == "local-path", pvc.status
+    if PREVIOUS in pods.images.refs:
+        previous = pods.dir / "previous" / "deploy" / "overlays" / "homelab"
+        # 0.3.0 came before the ground rule: its Pods tolerate no taint, and a user's ran on an untainted node. This
+        # run's only node is the control plane, tainted: the previous release's workloads get the toleration only.
+        tolerate = json.dumps(
+            [{"op": "add", "path": "/spec/template/spec/tolerations", "value": TOLERATE_CONTROL_PLANE}]
+        )
+        patches = [{"target": {"kind": kind}, "patch": tolerate} for kind in ("Deployment", "StatefulSet")]
+        overlay = pods.overlay("previous-homelab", previous, {OPERATOR_IMAGE: pods.images[PREVIOUS]}, patches)
+        with pods.phase("install of the previous release (its dev server)"):
+            pods.cluster.kubectl("apply", "-k", str(overlay))
+            pods.rollout(NS, "statefulset/temporal")
+            pods.rollout(NS, "deployment/homelab-autoscaler")
+        print(f"\nthe previous release's install runs: commit {pods.previous_commit} ({pods.images[PREVIOUS]})")
+        STATE["previous-install"] = True
+    else:
+        install_this_release(pods, "install (apply, rollout status)")
     for pod in core.list_namespaced_pod(NS).items:
         assert pod.spec.node_name == NODE_NAME, f"{pod.metadata.name} is on {pod.spec.node_name}"
+
+
+def install_this_release(pods: PodStack, phase_name: str, *, upgrade: bool = False) -> None:
+    """docs/install.md's commands for this release's default (docs/upgrades.md's for an upgrade: the certs Job deleted
+    first), the images renamed to the run's; the volume bound."""
+    overlay = pods.overlay("homelab", DEPLOY / "overlays" / "homelab",
+                           {OPERATOR_IMAGE: pods.images["homelab-autoscaler"], **temporal_images(pods)})  # fmt: skip
+    paths = {"deploy/overlays/homelab": overlay}
+    with pods.phase(phase_name):
+        rendered = typed(pods, "kubectl kustomize deploy/overlays/homelab", paths)
+        assert pods.images["homelab-autoscaler"] in rendered and "start-dev" not in rendered
+        if upgrade:
+            typed(pods, "kubectl -n homelab-autoscaler-system delete job homelab-autoscaler-certs --ignore-not-found",
+                  doc="upgrades.md")  # fmt: skip
+        typed(pods, "kubectl apply -k deploy/overlays/homelab", paths)
+        typed(pods, "kubectl -n homelab-autoscaler-system rollout status statefulset/temporal-postgresql")
+        typed(pods, "kubectl -n homelab-autoscaler-system rollout status deployment/temporal-server")
+        typed(pods, "kubectl -n homelab-autoscaler-system rollout status deployment/homelab-autoscaler")
+        pods.rollout(NS, "deployment/temporal-web")
+    core: Any = k8s.CoreV1Api(pods.cluster.admin)
+    pvc = core.read_namespaced_persistent_volume_claim("data-temporal-postgresql-0", NS)
+    assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == "local-path", pvc.status
+    STATE["postgresql-volume"] = pvc.metadata.uid
 
 
 def test_the_web_ui_through_the_guides_port_forward(pods: PodStack) -> None:
@@ -212,7 +253,7 @@ STORY = Homelab(
 BOOT_SECONDS = 12.0
 WORKLOAD = "needs-a-machine"
 LIVE = ("", "pending", "booting", "ready")
-OPERATOR_PODS = "app.kubernetes.io/name=homelab-autoscaler"
+OPERATOR_PODS = "app.kubernetes.io/name=homelab-autoscaler,app.kubernetes.io/component!=certs"  # not the certs Job's
 # The story's timings, as deploy/kind has them for `make e2e`: a loop every 5 s, scale-down in seconds.
 STORY_FLAGS = ("--scan-interval=5s", "--scale-down-unneeded-time=30s", "--scale-down-delay-after-add=20s",
                "--scale-down-delay-after-delete=0s", "--expander=priority",
@@ -415,14 +456,15 @@ def needs_autoscaler(s: PodStack) -> None:
 
 
 def test_cluster_autoscaler_installed_as_the_guide_types_it(pods: PodStack) -> None:
-    """`kubectl apply -k deploy/cluster-autoscaler/plaintext` (the image renamed; then, for a story that ends in
-    minutes, the scale-down timings shortened as deploy/kind does), its Pod Running on the control plane."""
+    """`kubectl apply -k deploy/cluster-autoscaler/mtls` (the image renamed; then, for a story that ends in
+    minutes, the scale-down timings shortened as deploy/kind does), its Pod Running on the control plane, speaking
+    mTLS to the provider with the client certificate the install's `certs` Job issued (no cert-manager)."""
     needs_autoscaler(pods)
-    overlay = pods.overlay("cluster-autoscaler", DEPLOY / "cluster-autoscaler" / "plaintext",
+    overlay = pods.overlay("cluster-autoscaler", DEPLOY / "cluster-autoscaler" / "mtls",
                            {CA_IMAGE: pods.images["cluster-autoscaler"]})  # fmt: skip
     with pods.phase("cluster-autoscaler install"):
-        typed(pods, "kubectl apply -k deploy/cluster-autoscaler/plaintext",
-              {"deploy/cluster-autoscaler/plaintext": overlay})  # fmt: skip
+        typed(pods, "kubectl apply -k deploy/cluster-autoscaler/mtls",
+              {"deploy/cluster-autoscaler/mtls": overlay})  # fmt: skip
         pods.rollout(NS, "deployment/cluster-autoscaler")
     (pod,) = core(pods).list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=cluster-autoscaler").items
     assert pod.spec.node_name == NODE_NAME, pod.spec.node_name
@@ -434,14 +476,8 @@ def test_the_homelab_described_with_power_jobs_that_call_the_machine_room(pods: 
     needs_autoscaler(pods)
     s = pods
     with s.phase("story: the homelab described"):
-        if PREVIOUS in s.images.refs:
-            # A user of the previous release (tests/releases.py's, as for `make upgrade`): its operator runs
-            # the homelab from the start, so every workflow is begun by the older code and carried on by the newer
-            # after the rollout. (Temporal keeps the current image: the rollout is about the operator.)
-            s.cluster.kubectl("-n", NS, "set", "image", "deployment/homelab-autoscaler",
-                              f"homelab-autoscaler={s.images[PREVIOUS]}")  # fmt: skip
-            s.rollout(NS, "deployment/homelab-autoscaler")
-            print(f"\nthe previous release runs the operator: commit {s.previous_commit} ({s.images[PREVIOUS]})")
+        # With a previous release installed (test_the_homelab_install_as_the_guide_types_it), its operator runs the
+        # homelab from the start, on its own Temporal: every workflow is begun by the older code and store.
         room = s.start_machine_room({slot.name: slot.machine() for slot in STORY.slots})
         room.boot_seconds = BOOT_SECONDS
         s.apply(machine_room_service(room.port))
@@ -454,68 +490,111 @@ def test_the_homelab_described_with_power_jobs_that_call_the_machine_room(pods: 
 
 
 def test_a_rollout_of_a_new_image_while_claims_are_in_flight(pods: PodStack) -> None:
-    """The operator runs the previous release's image (tests/releases.py's) since the
-    homelab was described, so its workflows were begun by the older code; two machines are asked for; while both
-    claims are mid-boot the current release is applied as docs/upgrades.md says (`kubectl apply -k` with the new
-    image): the Deployment is recreated on the new image, whose worker carries the groups and claims on, and both
-    claims end ready as they would have, each startup Job made once."""
+    """The previous release's install (its Temporal dev server on SQLite, its operator) has run the homelab since it
+    was described; two machines are asked for; while both claims are mid-boot this release is applied as
+    docs/upgrades.md says (`kubectl apply -k deploy/overlays/homelab`, then the old dev server's StatefulSet deleted,
+    its volume kept): the operator is recreated on the new image and on the new, empty Temporal on PostgreSQL, takes
+    each claim over from its resources (the cluster is the record), and both end ready as they would have, each
+    startup Job made once."""
     needs_autoscaler(pods)
     s = pods
-    if PREVIOUS not in s.images.refs:
-        pytest.skip("no earlier commit with another image in this clone's history (a shallow clone?): nothing to "
-                    "roll out from")  # fmt: skip
+    if not STATE.get("previous-install"):
+        pytest.skip("no previous release in this clone's history (a shallow clone?): nothing to upgrade from")
     previous, current = s.images[PREVIOUS], s.images["homelab-autoscaler"]
-    overlay = pods.overlay("homelab", DEPLOY / "overlays" / "homelab", {OPERATOR_IMAGE: current})
-    with s.phase("fault: rollout while claims are in flight"):
+    old_volume = core(s).read_namespaced_persistent_volume_claim("data-temporal-0", NS).metadata.uid
+    with s.phase("fault: the upgrade from the dev server while claims are in flight"):
         (old,) = operator_pods(s)
         assert old.spec.containers[0].image == previous, old.spec.containers[0].image
         in_flight: dict[str, str] = {}
 
         def upgrade(names: list[str]) -> None:
             in_flight.update({n: phase(by_name(s)[n]) for n in names})
-            typed(s, "kubectl apply -k deploy/overlays/homelab", {"deploy/overlays/homelab": overlay},
-                  doc="upgrades.md")  # fmt: skip
-            typed(s, "kubectl -n homelab-autoscaler-system rollout status deployment/homelab-autoscaler")
+            install_this_release(s, "upgrade: this release applied, Ready", upgrade=True)
+            typed(s, "kubectl -n homelab-autoscaler-system delete statefulset temporal", doc="upgrades.md")
+            BUSIEST.sample(s, "the upgrade to Temporal on PostgreSQL with two claims in flight")
 
         # Two machines boot side by side: a longer boot keeps both in flight until the second's BMC has answered.
         assert s.room is not None
         s.room.boot_seconds = 2 * BOOT_SECONDS
         try:
-            names = boot(s, 2, "two claims in flight through a rollout", during=upgrade)
+            names = boot(s, 2, "two claims in flight through the upgrade", during=upgrade)
         finally:
             s.room.boot_seconds = BOOT_SECONDS
     assert set(in_flight.values()) == {"booting"}, in_flight
     (new,) = operator_pods(s)
     assert new.spec.containers[0].image == current and new.metadata.name != old.metadata.name
     once_each(s, names)
+    # The old store is kept to read (docs/upgrades.md), the new one is in use.
+    assert core(s).read_namespaced_persistent_volume_claim("data-temporal-0", NS).metadata.uid == old_volume
+    for name in names:
+        describe_claim(s, name)  # the claim's workflow runs on the new Temporal
+    GUIDE.append(("(the Web UI after the upgrade)", "run: " + web_ui_lists(s, names)))
 
 
-def test_the_temporal_pod_deleted_mid_boot(pods: PodStack) -> None:
-    """`temporal-0` deleted while a claim boots: the StatefulSet makes it again on the same volume (local-path, on
-    the control plane), the claim's workflow is the one started before (its history kept on the PersistentVolume),
-    and it ends ready."""
+def describe_claim(s: PodStack, name: str) -> dict[str, Any]:
+    """`temporal workflow describe` of a claim's workflow, from the operator's Pod (its image has the CLI)."""
+    described = s.cluster.kubectl("-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--",
+                                  "temporal", "workflow", "describe", "--workflow-id", f"nodeclaim/{NS}/{name}",
+                                  "--address", "temporal-frontend:7233", "--output", "json").stdout  # fmt: skip
+    info = json.loads(described)
+    return dict(info.get("workflowExecutionInfo") or info.get("execution_info") or info)
+
+
+def web_ui_lists(s: PodStack, names: list[str]) -> str:
+    """The Web UI (through the guide's port-forward) lists the claims' workflows: its server asks Temporal's
+    visibility, on PostgreSQL here."""
+    local = _free()
+    proc = subprocess.Popen([str(s.cluster.bins / "kubectl"), "--kubeconfig", str(s.cluster.admin_kubeconfig), "-n", NS,
+                             "port-forward", "svc/temporal-web", f"{local}:8233"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+
+        def listed() -> str:
+            url = f"http://127.0.0.1:{local}/api/v1/namespaces/default/workflows"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                text = str(r.read().decode(errors="replace"))
+            return text if all(f"nodeclaim/{NS}/{n}" in text for n in names) else ""
+
+        wait_until(f"the Web UI to list the claims {names}", listed, within=60)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return f"the Web UI lists {', '.join(names)}"
+
+
+def test_the_temporal_pods_deleted_mid_boot(pods: PodStack) -> None:
+    """PostgreSQL's Pod, then the Temporal server's, deleted while a claim boots: the StatefulSet makes PostgreSQL
+    again on the same volume (local-path, on the control plane), the Deployment the server again (its schema step
+    finds the schema current), the claim's workflow is the one started before the fault (its history kept in
+    PostgreSQL), and it ends ready."""
     needs_autoscaler(pods)
     s = pods
-    deleted: dict[str, Any] = {}
+    for component, what in (("postgresql", "PostgreSQL's Pod"), ("server", "the Temporal server's Pod")):
+        deleted: dict[str, Any] = {}
 
-    def delete_temporal(names: list[str]) -> None:
-        (pod,) = [p for p in core(s).list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=temporal").items]
-        deleted["uid"], deleted["at"] = pod.metadata.uid, time.time()
-        s.cluster.kubectl("-n", NS, "delete", "pod", "temporal-0", "--wait=false")
+        def delete(names: list[str], component: str = component, deleted: dict[str, Any] = deleted) -> None:
+            (pod,) = [p for p in core(s).list_namespaced_pod(
+                NS, label_selector=f"app.kubernetes.io/name=temporal,app.kubernetes.io/component={component}").items
+                if p.metadata.deletion_timestamp is None]  # fmt: skip
+            deleted["uid"], deleted["at"] = pod.metadata.uid, time.time()
+            s.cluster.kubectl("-n", NS, "delete", "pod", pod.metadata.name, "--wait=false")
 
-    with s.phase("fault: the Temporal Pod deleted mid-boot"):
-        (name,) = boot(s, 3, "a claim through a Temporal restart", during=delete_temporal)
-        s.rollout(NS, "statefulset/temporal")
-    pod = core(s).read_namespaced_pod("temporal-0", NS)
-    assert pod.metadata.uid != deleted["uid"] and pod.spec.node_name == NODE_NAME
-    described = s.cluster.kubectl("-n", NS, "exec", "temporal-0", "--", "temporal", "workflow", "describe",
-                                  "--workflow-id", f"nodeclaim/{NS}/{name}", "--address", "127.0.0.1:7233",
-                                  "--output", "json").stdout  # fmt: skip
-    info = json.loads(described)
-    execution = info.get("workflowExecutionInfo") or info.get("execution_info") or info
-    started = str(execution.get("startTime") or execution.get("start_time"))
-    assert started and _epoch(started) < deleted["at"], f"the claim's workflow started {started}: {described[:400]}"
-    once_each(s, [name])
+        replicas = len(live(s)) + 1
+        with s.phase(f"fault: {what} deleted mid-boot"):
+            (name,) = boot(s, replicas, f"a claim through a restart of {what}", during=delete)
+            workload = "statefulset/temporal-postgresql" if component == "postgresql" else "deployment/temporal-server"
+            s.rollout(NS, workload)
+        (pod,) = [p for p in core(s).list_namespaced_pod(
+            NS, label_selector=f"app.kubernetes.io/name=temporal,app.kubernetes.io/component={component}").items
+            if p.metadata.deletion_timestamp is None]  # fmt: skip
+        assert pod.metadata.uid != deleted["uid"] and pod.spec.node_name == NODE_NAME
+        execution = describe_claim(s, name)
+        started = str(execution.get("startTime") or execution.get("start_time"))
+        assert started and _epoch(started) < deleted["at"], f"{name}'s workflow started {started}: {execution}"
+        once_each(s, [name])
+        if component == "postgresql" and "postgresql-volume" in STATE:
+            pvc = core(s).read_namespaced_persistent_volume_claim("data-temporal-postgresql-0", NS)
+            assert pvc.metadata.uid == STATE["postgresql-volume"], "PostgreSQL came back on another volume"
 
 
 def _epoch(stamp: str) -> float:

@@ -35,7 +35,8 @@ def failed_close(said: str, namespace: str, claim: str, job: str) -> str:
     if not job:
         return said
     return (
-        f"{said}. The Pod's last words: kubectl -n {namespace} describe nodeclaim {claim}; "
+        f"{said}. The Pod's last words (its termination message, kept out of this history: it may hold secrets) are "
+        f"the claim's status.message: kubectl -n {namespace} describe nodeclaim {claim}; its whole output: "
         f"kubectl -n {namespace} logs job/{job}"
     )
 

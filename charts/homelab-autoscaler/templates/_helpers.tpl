@@ -4,12 +4,15 @@ the certificates' DNS names and the webhook's exemption of the operator's own wr
 */}}
 
 {{/* The labels of every object: its component's name (.name, when it has one), the install it is part of, the
-user's own. */}}
+development-only mark of an install with the dev server (as deploy/overlays/dev-server's), the user's own. */}}
 {{- define "homelab-autoscaler.labels" -}}
 {{- with .name }}
 app.kubernetes.io/name: {{ . }}
 {{- end }}
 app.kubernetes.io/part-of: homelab-autoscaler
+{{- if .root.Values.temporal.devServer.enabled }}
+homelab-autoscaler.dev/development-only: "true"
+{{- end }}
 {{- with .root.Values.commonLabels }}
 {{ toYaml . }}
 {{- end }}
@@ -38,13 +41,19 @@ metadata:
 system:serviceaccount:{{ .Release.Namespace }}:homelab-autoscaler
 {{- end }}
 
-{{/* The Temporal frontend: the bundled dev server's Service, or the address given. */}}
+{{/* The Temporal frontend: the bundled server's Service (or the dev server's), or the address given. */}}
 {{- define "homelab-autoscaler.temporalAddress" -}}
-{{- if .Values.temporal.devServer.enabled -}}
+{{- if or .Values.temporal.bundled.enabled .Values.temporal.devServer.enabled -}}
 temporal-frontend:7233
 {{- else -}}
-{{- required "temporal.address: the frontend (host:port) of an existing Temporal is required when temporal.devServer.enabled is false" .Values.temporal.address -}}
+{{- required "temporal.address: the frontend (host:port) of an existing Temporal is required when neither temporal.bundled.enabled nor temporal.devServer.enabled is true" .Values.temporal.address -}}
 {{- end -}}
+{{- end }}
+
+{{/* An image of the bundled Temporal by its key under temporal.bundled.images (.key). */}}
+{{- define "homelab-autoscaler.temporalImage" -}}
+{{- $image := index .root.Values.temporal.bundled.images .key -}}
+{{ $image.repository }}:{{ $image.tag }}
 {{- end }}
 
 {{/* The namespaces the operator manages, when they are not its built-in default (homelab-autoscaler-system). */}}
@@ -55,13 +64,35 @@ temporal-frontend:7233
 {{- end -}}
 {{- end }}
 
-{{/* Refusals no schema can say: a combination of values. */}}
+{{/* Refusals no schema can say: a combination of values. One Temporal at a time: the bundled one, the dev server,
+or an existing one at temporal.address. */}}
 {{- define "homelab-autoscaler.checks" -}}
-{{- if and .Values.admission.enabled (not .Values.certManager.enabled) -}}
-{{- fail "admission.enabled: the webhook's certificate comes from the CA of certManager; set certManager.enabled too" -}}
+{{- $t := .Values.temporal -}}
+{{- if and $t.bundled.enabled $t.devServer.enabled -}}
+{{- fail "temporal.bundled.enabled and temporal.devServer.enabled are both true: choose one Temporal (the development-only dev server needs temporal.bundled.enabled=false)" -}}
 {{- end -}}
-{{- if and .Values.temporal.devServer.enabled .Values.temporal.address -}}
-{{- fail (printf "temporal.address (%s) is for an existing Temporal: set temporal.devServer.enabled=false, or leave the address empty" .Values.temporal.address) -}}
+{{- $ours := ternary "temporal.bundled.enabled" "temporal.devServer.enabled" $t.bundled.enabled -}}
+{{- if or $t.bundled.enabled $t.devServer.enabled -}}
+{{- if $t.address -}}
+{{- fail (printf "temporal.address (%s) is for an existing Temporal, and %s is true: set it to false, or leave the address empty" $t.address $ours) -}}
+{{- end -}}
+{{- if or $t.tls.secretName $t.apiKey.secretName -}}
+{{- fail (printf "temporal.tls.secretName and temporal.apiKey.secretName are for an existing Temporal; the chart's own (%s) has neither: leave them empty" $ours) -}}
+{{- end -}}
+{{- end -}}
+{{- $pg := $t.externalPostgresql -}}
+{{- if $pg.host -}}
+{{- if not $t.bundled.enabled -}}
+{{- fail (printf "temporal.externalPostgresql.host (%s) is the bundled server's database: it needs temporal.bundled.enabled" $pg.host) -}}
+{{- end -}}
+{{- if not $pg.passwordSecret -}}
+{{- fail "temporal.externalPostgresql.passwordSecret: the Secret holding the password (key `password`) of your PostgreSQL is required with temporal.externalPostgresql.host" -}}
+{{- end -}}
+{{- else if or $pg.passwordSecret $pg.tls.enabled $pg.tls.caSecret -}}
+{{- fail "temporal.externalPostgresql.passwordSecret and .tls are for an external PostgreSQL: set temporal.externalPostgresql.host, or leave them unset" -}}
+{{- end -}}
+{{- if and $pg.tls.caSecret (not $pg.tls.enabled) -}}
+{{- fail "temporal.externalPostgresql.tls.caSecret is given but temporal.externalPostgresql.tls.enabled is false: enable TLS, or leave the CA unset" -}}
 {{- end -}}
 {{- end }}
 
@@ -107,11 +138,12 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
 {{- end }}
 {{- end }}
 {{- if has $role (list "run" "provider") }}
-# cluster-autoscaler reaches the provider through its Service, so it listens on every interface; plaintext is then
-# refused unless allowed: with certManager.enabled it requires a client certificate from the namespace CA.
+# cluster-autoscaler reaches the provider through its Service, so it listens on every interface, with mTLS: only a
+# client certificate of the install's CA is served (the certs Job or cert-manager issues it; provider.plaintext is
+# the documented opt-out). The files are re-read when the Secret is renewed.
 - name: HOMELAB_AUTOSCALER_PROVIDER_ADDRESS
   value: 0.0.0.0:8086
-{{- if $v.certManager.enabled }}
+{{- if not $v.provider.plaintext }}
 - name: HOMELAB_AUTOSCALER_INSECURE
   value: "false"
 - name: HOMELAB_AUTOSCALER_TLS_CERT
@@ -133,12 +165,12 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
   value: /etc/homelab-autoscaler/webhook-tls/tls.key
 {{- end }}
 {{- end }}
-{{- if has $role (list "run" "watch") }}
 # The kubelet probes the pod IP, not the loopback.
 - name: HOMELAB_AUTOSCALER_HEALTH_HOST
   value: 0.0.0.0
 - name: HOMELAB_AUTOSCALER_HEALTH_PORT
   value: "8081"
+{{- if has $role (list "run" "watch") }}
 - name: HOMELAB_AUTOSCALER_LEASE_NAMESPACE
   valueFrom:
     fieldRef:
@@ -163,10 +195,8 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
 - name: webhook
   containerPort: 9443
 {{- end }}
-{{- if has .role (list "run" "watch") }}
 - name: health
   containerPort: 8081
-{{- end }}
 - name: metrics
   containerPort: 9464
 {{- end }}
@@ -183,7 +213,7 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
   mountPath: /etc/temporal-tls
   readOnly: true
 {{- end }}
-{{- if and $serves $v.certManager.enabled }}
+{{- if and $serves (not $v.provider.plaintext) }}
 - name: provider-tls
   mountPath: /etc/homelab-autoscaler/tls
   readOnly: true
@@ -201,8 +231,8 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
   secret:
     secretName: {{ $v.temporal.tls.secretName }}
 {{- end }}
-{{- if and $serves $v.certManager.enabled }}
-# Re-read when the provider restarts; cert-manager renews 15 days before expiry.
+{{- if and $serves (not $v.provider.plaintext) }}
+# Until the certs Job (or cert-manager) has written it, the Pod waits; re-read when renewed.
 - name: provider-tls
   secret:
     secretName: homelab-autoscaler-provider-tls
@@ -216,11 +246,13 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
 {{- end }}
 {{- end }}
 
-{{/* The Pod's security context: the image's non-root user, the runtime's seccomp profile. */}}
+{{/* The Pod's security context: the image's non-root user (.user, else the operator image's 65532), the runtime's
+seccomp profile. */}}
 {{- define "homelab-autoscaler.podSecurityContext" -}}
+{{- $user := .user | default 65532 -}}
 runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
+runAsUser: {{ $user }}
+runAsGroup: {{ $user }}
 {{- with .fsGroup }}
 fsGroup: {{ . }}
 {{- end }}
@@ -295,6 +327,10 @@ spec:
       securityContext:
         {{- include "homelab-autoscaler.podSecurityContext" (dict) | nindent 8 }}
       {{- include "homelab-autoscaler.scheduling" (dict "root" .root "placement" $v.operator) | nindent 6 }}
+      {{- if $v.temporal.bundled.enabled }}
+      initContainers:
+        {{- include "homelab-autoscaler.setupContainer" .root | nindent 8 }}
+      {{- end }}
       containers:
         - name: homelab-autoscaler
           image: {{ include "homelab-autoscaler.image" .root }}
@@ -317,4 +353,110 @@ spec:
             {{- include "homelab-autoscaler.volumes" (dict "root" .root "role" .role "part" "mounts") | nindent 12 }}
       volumes:
         {{- include "homelab-autoscaler.volumes" (dict "root" .root "role" .role "part" "volumes") | nindent 8 }}
+{{- end }}
+
+{{/*
+The bundled Temporal's setup, first in every operator Pod (deploy/components/temporal/setup-init.yaml): the
+PostgreSQL password Secret when absent (not for an external PostgreSQL: that password is the user's), then, once
+the frontend answers (at most 10 minutes), the namespace with its retention and the search attributes. Idempotent.
+*/}}
+{{- define "homelab-autoscaler.setupContainer" -}}
+{{- $t := .Values.temporal -}}
+- name: temporal-setup
+  image: {{ include "homelab-autoscaler.image" . }}
+  {{- with .Values.image.pullPolicy }}
+  imagePullPolicy: {{ . }}
+  {{- end }}
+  args:
+    - temporal-setup
+    - --retention
+    - {{ $t.bundled.retention | quote }}
+    {{- if not $t.externalPostgresql.host }}
+    - --postgresql-secret
+    - {{ $t.bundled.postgresql.passwordSecret }}
+    {{- end }}
+  env:
+    - name: HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS
+      value: temporal-frontend:7233
+    - name: HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE
+      value: {{ $t.namespace | quote }}
+    - name: HOMELAB_AUTOSCALER_POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+  resources:
+    requests:
+      cpu: 10m
+      memory: 64Mi
+    limits:
+      memory: 256Mi
+  securityContext:
+    {{- include "homelab-autoscaler.containerSecurityContext" . | nindent 4 }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+{{- end }}
+
+{{/*
+The bundled server's database as its Pods reach it (.root; .prefix names the variables: POSTGRES_ for the server,
+SQL_ for temporal-sql-tool): the chart's PostgreSQL, or temporal.externalPostgresql.
+*/}}
+{{- define "homelab-autoscaler.postgresqlEnv" -}}
+{{- $b := .root.Values.temporal.bundled -}}
+{{- $pg := .root.Values.temporal.externalPostgresql -}}
+{{- $server := eq .prefix "POSTGRES_" -}}
+- name: {{ .prefix }}HOST
+  value: {{ $pg.host | default "temporal-postgresql" | quote }}
+- name: {{ .prefix }}PORT
+  value: {{ (ternary $pg.port 5432 (not (empty $pg.host))) | toString | quote }}
+- name: {{ .prefix }}USER
+  value: {{ (ternary $pg.user "temporal" (not (empty $pg.host))) | quote }}
+- name: {{ .prefix }}{{ ternary "PWD" "PASSWORD" $server }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $pg.passwordSecret | default $b.postgresql.passwordSecret }}
+      key: password
+{{- if and $pg.host $pg.tls.enabled }}
+- name: {{ .prefix }}{{ ternary "TLS_ENABLED" "TLS" $server }}
+  value: "true"
+{{- with $pg.tls.caSecret }}
+- name: {{ $.prefix }}TLS_CA_FILE
+  value: /etc/temporal/postgresql-tls/ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The certs step's Pod template (the Job's and the CronJob's). */}}
+{{- define "homelab-autoscaler.certsPod" -}}
+metadata:
+  labels:
+    app.kubernetes.io/name: homelab-autoscaler
+    app.kubernetes.io/component: certs
+spec:
+  serviceAccountName: homelab-autoscaler-certs
+  restartPolicy: OnFailure
+  securityContext:
+    {{- include "homelab-autoscaler.podSecurityContext" (dict) | nindent 4 }}
+  {{- /* The operator's ground: never a machine the operator may power off. */}}
+  {{- include "homelab-autoscaler.scheduling" (dict "root" . "placement" .Values.operator) | nindent 2 }}
+  containers:
+    - name: certs
+      image: {{ include "homelab-autoscaler.image" . }}
+      {{- with .Values.image.pullPolicy }}
+      imagePullPolicy: {{ . }}
+      {{- end }}
+      args: ["certs"]
+      env:
+        - name: HOMELAB_AUTOSCALER_CERTS_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+      resources:
+        requests:
+          cpu: 10m
+          memory: 64Mi
+        limits:
+          memory: 128Mi
+      securityContext:
+        {{- include "homelab-autoscaler.containerSecurityContext" . | nindent 8 }}
 {{- end }}
