@@ -372,6 +372,7 @@ def boot(s: PodStack, replicas: int, what: str, *, during: Callable[[list[str]],
     settle(s)
     before = set(by_name(s))
     want = replicas - len(live(s))
+    assert want > 0, f"{what}: {replicas} replicas need no new machine ({summary(s)}); the story's count is off"
     set_workload(s, replicas)
 
     def reached() -> list[str]:
@@ -458,16 +459,33 @@ def needs_autoscaler(s: PodStack) -> None:
 def test_cluster_autoscaler_installed_as_the_guide_types_it(pods: PodStack) -> None:
     """`kubectl apply -k deploy/cluster-autoscaler/mtls` (the image renamed; then, for a story that ends in
     minutes, the scale-down timings shortened as deploy/kind does), its Pod Running on the control plane, speaking
-    mTLS to the provider with the client certificate the install's `certs` Job issued (no cert-manager)."""
+    mTLS to the provider with the client certificate the install's `certs` Job issued (no cert-manager). Over a
+    previous release's install, that release's own cluster-autoscaler, moved to mTLS by the upgrade."""
     needs_autoscaler(pods)
-    overlay = pods.overlay("cluster-autoscaler", DEPLOY / "cluster-autoscaler" / "mtls",
-                           {CA_IMAGE: pods.images["cluster-autoscaler"]})  # fmt: skip
-    with pods.phase("cluster-autoscaler install"):
-        typed(pods, "kubectl apply -k deploy/cluster-autoscaler/mtls",
-              {"deploy/cluster-autoscaler/mtls": overlay})  # fmt: skip
-        pods.rollout(NS, "deployment/cluster-autoscaler")
+    if STATE.get("previous-install"):
+        # A user of the previous release installed its cluster-autoscaler as its guide said (0.3.0: plaintext, its
+        # provider spoke nothing else); test_a_rollout_of_a_new_image_while_claims_are_in_flight moves it to mTLS as
+        # docs/upgrades.md says.
+        previous = pods.dir / "previous" / "deploy" / "cluster-autoscaler" / "plaintext"
+        overlay = pods.overlay("previous-cluster-autoscaler", previous, {CA_IMAGE: pods.images["cluster-autoscaler"]})
+        with pods.phase("cluster-autoscaler install (the previous release's guide)"):
+            pods.cluster.kubectl("apply", "-k", str(overlay))
+            pods.rollout(NS, "deployment/cluster-autoscaler")
+    else:
+        install_autoscaler_with_mtls(pods, "cluster-autoscaler install")
     (pod,) = core(pods).list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=cluster-autoscaler").items
     assert pod.spec.node_name == NODE_NAME, pod.spec.node_name
+
+
+def install_autoscaler_with_mtls(pods: PodStack, phase_name: str, *, doc: str = "install.md") -> None:
+    """`kubectl apply -k deploy/cluster-autoscaler/mtls` as `doc` types it, the image renamed; its rollout (its Pod
+    mounts the client certificate the install's `certs` Job issued)."""
+    overlay = pods.overlay("cluster-autoscaler", DEPLOY / "cluster-autoscaler" / "mtls",
+                           {CA_IMAGE: pods.images["cluster-autoscaler"]})  # fmt: skip
+    with pods.phase(phase_name):
+        typed(pods, "kubectl apply -k deploy/cluster-autoscaler/mtls",
+              {"deploy/cluster-autoscaler/mtls": overlay}, doc=doc)  # fmt: skip
+        pods.rollout(NS, "deployment/cluster-autoscaler")
 
 
 def test_the_homelab_described_with_power_jobs_that_call_the_machine_room(pods: PodStack) -> None:
@@ -511,6 +529,9 @@ def test_a_rollout_of_a_new_image_while_claims_are_in_flight(pods: PodStack) -> 
             in_flight.update({n: phase(by_name(s)[n]) for n in names})
             install_this_release(s, "upgrade: this release applied, Ready", upgrade=True)
             typed(s, "kubectl -n homelab-autoscaler-system delete statefulset temporal", doc="upgrades.md")
+            # The provider now speaks mTLS only: the previous release's plaintext cluster-autoscaler is moved over.
+            install_autoscaler_with_mtls(s, "upgrade: cluster-autoscaler on mTLS", doc="upgrades.md")
+            patch_autoscaler_for_the_story(s)
             BUSIEST.sample(s, "the upgrade to Temporal on PostgreSQL with two claims in flight")
 
         # Two machines boot side by side: a longer boot keeps both in flight until the second's BMC has answered.
@@ -620,7 +641,7 @@ def test_the_operators_pod_force_deleted_mid_boot(pods: PodStack) -> None:
         BUSIEST.sample(s, "the operator's Pod force-deleted while a startup Job's Pod waits on its BMC")
 
     with s.phase("fault: the operator's Pod force-deleted mid-boot"):
-        (name,) = boot(s, 4, "a claim through a force-deleted operator", during=force_delete,
+        (name,) = boot(s, len(live(s)) + 1, "a claim through a force-deleted operator", during=force_delete,
                        moment=startup_pods_running)  # fmt: skip
         s.rollout(NS, "deployment/homelab-autoscaler")
     (successor,) = operator_pods(s)
@@ -644,7 +665,7 @@ def empty_ready_machines(s: PodStack) -> list[str]:
 
 
 def test_the_operator_never_stands_on_a_machine_and_the_split_overlay_runs(pods: PodStack) -> None:
-    """The ground (docs/decisions.md, "The operator's ground"): a managed machine Ready and empty, kept by
+    """The ground (docs/decisions.md, "The operator's ground"): managed machines Ready and empty, kept by
     cluster-autoscaler's scale-down-disabled annotation while the install is switched to `deploy/overlays/split`
     as docs/install.md says; the five new Pods of the operator go to the control plane, none to the empty machine.
     Then cluster-autoscaler scales that machine down (a shutdown Job through split's worker), never the control
@@ -652,10 +673,19 @@ def test_the_operator_never_stands_on_a_machine_and_the_split_overlay_runs(pods:
     needs_autoscaler(pods)
     s = pods
     assert s.room is not None
+    # Three Pods: every machine past the third is left Ready and empty, each kept by the annotation.
+    extra = len(live(s)) - 3
     set_workload(s, 3)
-    empty = wait_until("a machine Ready and empty", lambda: empty_ready_machines(s), within=120)[0]
-    s.cluster.kubectl("annotate", "node", empty, "cluster-autoscaler.kubernetes.io/scale-down-disabled=true")
-    overlay = pods.overlay("split", DEPLOY / "overlays" / "split", {OPERATOR_IMAGE: s.images["homelab-autoscaler"]})
+
+    def left_empty() -> list[str]:
+        found = empty_ready_machines(s)
+        return found if len(found) >= extra else []
+
+    empties = wait_until(f"{extra} machines Ready and empty", left_empty, within=120)
+    for empty in empties:
+        s.cluster.kubectl("annotate", "node", empty, "cluster-autoscaler.kubernetes.io/scale-down-disabled=true")
+    overlay = pods.overlay("split", DEPLOY / "overlays" / "split",
+                           {OPERATOR_IMAGE: s.images["homelab-autoscaler"], **temporal_images(s)})  # fmt: skip
     with s.phase("overlay split: switched, Ready"):
         typed(s, "kubectl apply -k deploy/overlays/split", {"deploy/overlays/split": overlay})
         typed(s, "kubectl -n homelab-autoscaler-system delete deployment homelab-autoscaler")
@@ -665,15 +695,17 @@ def test_the_operator_never_stands_on_a_machine_and_the_split_overlay_runs(pods:
     assert len(split) == 5, [p.metadata.name for p in split]  # worker ×2, provider, watch ×2
     for pod in split:
         assert pod.spec.node_name == NODE_NAME, f"{pod.metadata.name} on {pod.spec.node_name}, not the control plane"
-    assert empty in empty_ready_machines(s), f"{empty} no longer Ready and empty"
-    BUSIEST.sample(s, "split's Pods beside a machine Ready and empty")
-    (owner,) = [c["metadata"]["name"] for c in live(s) if c["spec"]["node"] == empty]
+    assert set(empties) <= set(empty_ready_machines(s)), f"{empties} no longer all Ready and empty"
+    BUSIEST.sample(s, "split's Pods beside machines Ready and empty")
+    owners = {c["metadata"]["name"]: c["spec"]["node"] for c in live(s) if c["spec"]["node"] in empties}
     with s.phase("overlay split: a scale-down and a boot"):
-        s.cluster.kubectl("annotate", "node", empty, "cluster-autoscaler.kubernetes.io/scale-down-disabled-")
-        wait_until(f"{empty} scaled down and powered off through split ({summary(s)})",
-                   lambda: phase(by_name(s)[owner]) == "completed" and not node_ready(s, empty),
-                   within=300)  # fmt: skip
-        assert [c.status for c in s.room.calls_of(empty, "off")][-1:] == [200], s.room.calls_of(empty, "off")
+        for empty in empties:
+            s.cluster.kubectl("annotate", "node", empty, "cluster-autoscaler.kubernetes.io/scale-down-disabled-")
+        wait_until(f"{empties} scaled down and powered off through split ({summary(s)})",
+                   lambda: all(phase(by_name(s)[owner]) == "completed" and not node_ready(s, node)
+                               for owner, node in owners.items()), within=300)  # fmt: skip
+        for empty in empties:
+            assert [c.status for c in s.room.calls_of(empty, "off")][-1:] == [200], s.room.calls_of(empty, "off")
         (name,) = boot(s, 4, "a boot through split")
     once_each(s, [name])
 
@@ -687,7 +719,7 @@ def test_the_homelab_mtls_overlay_with_the_harness_as_cert_manager(pods: PodStac
     s = pods
     definitions = cert_manager_crds()
     overlay = pods.overlay("homelab-mtls", DEPLOY / "overlays" / "homelab-mtls",
-                           {OPERATOR_IMAGE: s.images["homelab-autoscaler"]})  # fmt: skip
+                           {OPERATOR_IMAGE: s.images["homelab-autoscaler"], **temporal_images(s)})  # fmt: skip
     ca_overlay = pods.overlay("cluster-autoscaler-mtls", DEPLOY / "cluster-autoscaler" / "mtls",
                               {CA_IMAGE: s.images["cluster-autoscaler"]})  # fmt: skip
     with s.phase("overlay homelab-mtls: switched, Ready"):
