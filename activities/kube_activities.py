@@ -510,7 +510,8 @@ class KubeActivities:
         with _mapped(what):
             words = blocked_words(self.kube, node_name) or "no Pod is left now"
             message = (
-                f"the drain before the power-off has waited {req.waited} for {req.left} Pods: {words}. The machine "
+                f"the drain before the power-off has waited {req.waited} for {req.left} "
+                f"{'Pod' if req.left == 1 else 'Pods'}: {words}. The machine "
                 f"stays on and the drain goes on; annotate the claim or slot {names.ANNOTATION_FORCE_DRAIN}=true "
                 "to delete them instead"
             )

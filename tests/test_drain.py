@@ -99,6 +99,11 @@ def test_a_round_evicts_what_may_go_leaves_daemon_mirror_and_finished_pods_and_c
         f"Pod {NS}/web-1 (PodDisruptionBudget {NS}/web: 2 healthy, 2 needed, 0 disruptions allowed)" in said["message"]
     )
     assert names.ANNOTATION_FORCE_DRAIN in said["message"], "it says how a person clears it"
+    assert "has waited 10m for 2 Pods: " in said["message"], said["message"]
+    # One Pod left is one Pod (the real node's Event said "for 1 Pods").
+    acts.drain_blocked(c.DrainBlocked(NS, "worker-1", "", "11m", 1, "worker-1: drain blocked again"))
+    messages = [e["message"] for e in cluster.call(lambda e: e.objects_of("v1", "events", NS))]
+    assert any("has waited 11m for 1 Pod: " in m for m in messages), messages
 
 
 def test_a_group_bound_and_a_forced_drain_that_deletes_what_blocks_then_drops_its_annotation(
