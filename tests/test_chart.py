@@ -216,7 +216,8 @@ def test_the_default_install_is_temporal_on_postgresql_never_the_dev_server() ->
     the dev server's opt-in carries the development-only label."""
     text = helm_template().stdout
     assert "start-dev" not in text and "--db-filename" not in text and DEVELOPMENT_ONLY not in text
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in chart() if d["metadata"]["name"].startswith("temporal")}
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in chart()
+             if d["metadata"]["name"].startswith("temporal") and d["kind"] != "NetworkPolicy"}  # fmt: skip
     assert kinds == {
         ("StatefulSet", "temporal-postgresql"),
         ("Service", "temporal-postgresql"),
@@ -459,7 +460,14 @@ def test_the_bundled_server_on_an_external_postgresql(tls: str) -> None:
     docs = chart({"temporal": {"externalPostgresql": external}})
     _check_rendered(docs)
     assert not [d for d in docs if d["kind"] == "StatefulSet"], "no PostgreSQL StatefulSet"
-    assert not [d for d in docs if "postgresql" in d["metadata"]["name"]], "no PostgreSQL Service"
+    assert not [d for d in docs if "postgresql" in d["metadata"]["name"] and d["kind"] != "NetworkPolicy"], (
+        "no PostgreSQL Service"
+    )
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    assert "temporal-postgresql" not in policies, "no policy for a database the chart does not run"
+    (way,) = policies["temporal-server-to-postgresql"]["egress"]
+    assert way["ports"] == [{"protocol": "TCP", "port": EXTERNAL["port"]}], way
+    assert way["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}], way
     assert not [d for d in docs if d["metadata"]["name"] == "homelab-autoscaler-temporal-setup"], "no Secret to make"
     server = _named(docs, "Deployment", "temporal-server")
     env, sql = _env(_container(server, "server")), _env(_container(server, "schema"))
@@ -574,6 +582,9 @@ BAD_VALUES = [
         "temporal.externalPostgresql.tls.enabled",
     ),
     ({"provider": {"plaintext": "yes"}}, "/provider/plaintext"),
+    ({"networkPolicy": {"apiServerPorts": []}}, "/networkPolicy/apiServerPorts"),
+    ({"networkPolicy": {"externalCIDRs": ["lan"]}}, "/networkPolicy/externalCIDRs/0"),
+    ({"networkPolicy": {"providerFrom": [{"podSelectr": {}}]}}, "/networkPolicy/providerFrom/0"),
 ]
 
 
@@ -755,3 +766,23 @@ def test_the_kustomize_upgrade_deletes_every_job_of_the_install_before_the_apply
     for name in jobs:
         delete = f"kubectl -n homelab-autoscaler-system delete job {name} --ignore-not-found"
         assert delete in section and section.index(delete) < section.index("kubectl apply -k"), name
+
+
+@pytest.mark.usefixtures("tools")
+def test_network_policies_follow_their_values_and_can_be_left_out() -> None:
+    """Who may call the provider and scrape the metrics, and the API server's ports, are the user's; off renders
+    none (a cluster whose network enforces none, or whose own policies say it)."""
+    assert not [d for d in chart({"networkPolicy": {"enabled": False}}) if d["kind"] == "NetworkPolicy"]
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "clusterapi-cluster-autoscaler"}}}  # fmt: skip
+    values = {"networkPolicy": {"providerFrom": [peer], "apiServerPorts": [16443]}}
+    policies = {d["metadata"]["name"]: d["spec"] for d in chart(values) if d["kind"] == "NetworkPolicy"}
+    provider, metrics = policies["homelab-autoscaler"]["ingress"]
+    assert provider == {"from": [peer], "ports": [{"protocol": "TCP", "port": 8086}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
+    assert {"ports": [{"protocol": "TCP", "port": 16443}]} in policies["homelab-autoscaler"]["egress"]
+    cluster = {d["metadata"]["name"]: d["spec"] for d in chart({"temporal": {**NO_BUNDLED,
+               "address": "temporal.lab:17233"}}) if d["kind"] == "NetworkPolicy"}  # fmt: skip
+    (way,) = cluster["homelab-autoscaler-to-temporal"]["egress"]
+    assert way["ports"] == [{"protocol": "TCP", "port": 17233}]
+    assert "temporal-server" not in cluster, "no policy for a Temporal the chart does not run"

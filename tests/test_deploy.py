@@ -507,6 +507,26 @@ def test_the_operator_probes_hit_the_health_port_it_listens_on() -> None:
     assert ports["metrics"] == int(env["HOMELAB_AUTOSCALER_METRICS_ADDRESS"].rsplit(":", 1)[1])
 
 
+@needs_kubectl
+@pytest.mark.parametrize("path", [p for p in KUSTOMIZATIONS if p != "rbac"])
+def test_every_long_running_container_is_probed_on_a_port_it_names(path: str) -> None:
+    """A wedged process is restarted and an unready one takes no traffic (issue 43: every role probed, and
+    cluster-autoscaler's /health-check, which fails once its loop stops)."""
+    for doc in render(path):
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            where = f"deploy/{path}: {doc['metadata']['name']}/{c['name']}"
+            named = {p.get("name") for p in c.get("ports", [])} | {p["containerPort"] for p in c.get("ports", [])}
+            for probe in ("livenessProbe", "readinessProbe"):
+                assert probe in c, f"{where} has no {probe}"
+                if "exec" in c[probe]:
+                    assert c[probe]["exec"]["command"], f"{where}: its {probe} runs nothing"
+                    continue
+                port = (c[probe].get("httpGet") or c[probe].get("tcpSocket") or c[probe].get("grpc") or {}).get("port")
+                assert port in named, f"{where}: its {probe} asks port {port!r}, which it does not name"
+
+
 # --- what the manifests ask of the operator exists ----------------------------------------------------------
 def _role_variables(role: str) -> set[str]:
     """The HOMELAB_AUTOSCALER_* variables the command `role` reads: the settings of its sections."""

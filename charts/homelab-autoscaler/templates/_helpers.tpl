@@ -460,3 +460,8 @@ spec:
       securityContext:
         {{- include "homelab-autoscaler.containerSecurityContext" . | nindent 8 }}
 {{- end }}
+
+{{/* The port of the operator's Temporal frontend: the schema holds temporal.address to host:port. */}}
+{{- define "homelab-autoscaler.temporalPort" -}}
+{{- include "homelab-autoscaler.temporalAddress" . | splitList ":" | last -}}
+{{- end }}
