@@ -161,8 +161,8 @@ e2e-power: $(STAMP) power-images cluster-bins node-bins ## every power example a
 	tests/realcluster/node-packages.sh
 	HOMELAB_E2E_POWER=1 $(BIN)/pytest -m machineroom tests/machineroom -v -s -rs -p no:cacheprovider
 
-# The real node (kubelet, kube-proxy, CoreDNS, local-path-provisioner, the Pod sandbox), built from Go modules into the
-# same cache, keyed by tests/realcluster/versions.env.
+# The real node (kubelet, kube-proxy, CoreDNS, local-path-provisioner, the Pod sandbox, kube-network-policies: ~3 min
+# cold alone), built from Go modules into the same cache, keyed by tests/realcluster/versions.env.
 node-bins: ## build (or reuse) the real node's programs from the Go module proxy
 	tests/realcluster/build-node.sh
 

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from tests.realcluster import certmanager, images, inventory, machineroom, node, nsbridge, pki, test_pods
+from tests.realcluster import certmanager, doors, images, inventory, machineroom, node, nsbridge, pki, test_pods
 
 
 @pytest.fixture
@@ -57,6 +58,40 @@ def test_the_kubelet_runs_on_cgroup_v1_and_knows_only_cluster_dns(layout: node.L
 def test_kube_proxy_leaves_the_machines_conntrack_alone() -> None:
     cfg = node.kube_proxy_config(kubeconfig=Path("/k"))
     assert cfg["conntrack"]["maxPerCore"] == 0 and cfg["mode"] == "nftables"
+
+
+def test_the_network_policy_engine_reads_only_what_it_needs_as_its_own_user() -> None:
+    role, binding = node.network_policy_rbac()
+    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]} == {
+        (("pods", "namespaces"), ("list", "watch")), (("networkpolicies",), ("list", "watch"))}  # fmt: skip
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": node.NETPOL_USER}]
+    args = node.network_policy_args(Path("/bins"), kubeconfig=Path("/k"))
+    assert args[0] == f"/bins/{node.NETPOL_ENGINE}"
+    assert {"--kubeconfig=/k", f"--hostname-override={node.NODE_NAME}", "--disable-nri"} <= set(args)
+    assert any(a.startswith("--metrics-bind-address=127.0.0.1:") for a in args)
+    assert node.NETPOL_ENGINE in node.NODE_PROGRAMS
+
+
+def test_the_door_probe_says_how_a_connect_went() -> None:
+    """tests/realcluster/doors.py's probe, run here on the loopback: open, refused, no such name."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        open_port = listening.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            closed_port = closed.getsockname()[1]  # bound, never listening: refused
+
+            def probe(host: str, port: int) -> str:
+                done = subprocess.run(["python3", "-c", doors.PROBE, host, str(port), "0", "3"], capture_output=True,
+                                      text=True, timeout=30, check=True)  # fmt: skip
+                return done.stdout.split(" ", 1)[0]
+
+            assert probe("127.0.0.1", open_port) == "ok"
+            assert probe("127.0.0.1", closed_port) == "refused"
+            assert probe("no-such-name.invalid", open_port) == "no-dns"
+    rows = doors.table([doors.Attempt("a/(no labels)", "svc b", 1, False, True, "ok")])
+    assert "UNEXPECTED" in rows
 
 
 def test_the_api_server_reaches_the_cluster_through_the_nodes_door(layout: node.Layout) -> None:

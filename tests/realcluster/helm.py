@@ -36,6 +36,10 @@ RELEASED = [
     ("role", "homelab-autoscaler-temporal-setup"), ("rolebinding", "homelab-autoscaler-temporal-setup"),
     ("statefulset", "temporal-postgresql"), ("service", "temporal-postgresql"), ("configmap", "temporal-config"),
     ("deployment", "temporal-server"), ("service", "temporal-frontend"), ("deployment", "temporal-web"),
+    ("networkpolicy", "homelab-autoscaler"), ("networkpolicy", "homelab-autoscaler-certs"),
+    ("networkpolicy", "homelab-autoscaler-to-temporal"), ("networkpolicy", "temporal-server"),
+    ("networkpolicy", "temporal-server-to-postgresql"), ("networkpolicy", "temporal-postgresql"),
+    ("networkpolicy", "temporal-web"),
     ("service", "temporal-web"),
 ]  # fmt: skip
 # The chart's Pods: the operator's and the bundled Temporal's.
@@ -61,13 +65,20 @@ def fenced_blocks() -> list[tuple[str, str]]:
 
 def documented(first_words: str, **placeholders: str) -> list[str]:
     """The first command of docs/install.md's `sh` blocks that starts with `first_words`, as a user types it (its
-    continuation lines joined), split into arguments, with its placeholders (NAME) filled in."""
+    continuation lines joined), split into arguments, with its placeholders (NAME, or within an argument as in
+    `oci://REGISTRY/charts`) filled in."""
     for language, block in fenced_blocks():
         for command in block.replace("\\\n", " ").splitlines() if language == "sh" else []:
             command = command.split("  #", 1)[0].strip()
             if command.startswith(first_words):
-                return [placeholders.get(arg, arg) for arg in shlex.split(command)]
+                return [_filled(arg, placeholders) for arg in shlex.split(command)]
     raise AssertionError(f"docs/install.md has no command starting with {first_words!r}")
+
+
+def _filled(arg: str, placeholders: dict[str, str]) -> str:
+    for name, value in placeholders.items():
+        arg = arg.replace(name, value)
+    return arg
 
 
 def documented_refusal() -> tuple[list[str], str]:
@@ -110,9 +121,7 @@ class Helm:
         `my-values.yaml` is the run's values file, ./charts/homelab-autoscaler is `chart`."""
         tool = {"helm": self.bins / "helm", "kubectl": self.bins / "kubectl"}[argv[0]]
         here = "./charts/homelab-autoscaler"
-        args = [str(tool)] + [
-            str(self.values) if a == "my-values.yaml" else a.replace(here, str(self.chart), 1) for a in argv[1:]
-        ]
+        args = [str(tool)] + [self._local(a).replace(here, str(self.chart), 1) for a in argv[1:]]
         home = self.dir / "helm-home"
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HOME": str(home),
                "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
@@ -123,6 +132,17 @@ class Helm:
         if check and done.returncode != 0:
             raise AssertionError(f"`{shlex.join(argv)}` failed ({done.returncode}):\n{done.stderr}{done.stdout}")
         return done
+
+    def _local(self, arg: str) -> str:
+        """The run's own path for a file the guide names relative to the checkout: the values file, and `dist/`
+        (where the guide packages the chart) under the run; `charts/homelab-autoscaler` is `chart`."""
+        if arg == "my-values.yaml":
+            return str(self.values)
+        if arg == "dist" or arg.startswith("dist/"):
+            return str(self.dir / arg)
+        if arg == "charts/homelab-autoscaler":
+            return str(self.chart)
+        return arg
 
     def history(self, namespace: str) -> list[str]:
         """The release's revisions' statuses, oldest first."""

@@ -8,6 +8,14 @@ Addresses (inside the node's namespace only; nothing of them exists in the machi
   SERVICE_CIDR the control plane's: routed to that link so kube-proxy's rules see the node's own packets.
 The doors between the two namespaces are tests/realcluster/nsbridge.py's.
 
+NetworkPolicy is enforced on the node by SIG Network's kube-network-policies (`RealNode.network_policies`), a process
+in the node's namespace beside kube-proxy: its nftables table there sends the first packet of each connection from
+or to a Pod some policy selects to an nfqueue, where it gives the verdict. Bridged Pod-to-Pod packets pass those
+hooks through br_netfilter (`net.bridge.bridge-nf-call-iptables`, set to 1 in the node's namespace only). Packets a
+root process of the node sends (the kubelet's probes, the doors of nsbridge: port-forward, exec, the API server's
+webhook calls) are let through by the engine's own first rule, as on any node; packets to the node itself
+(10.245.0.1: the API server's door, the machine room) are delivered locally and never reach its hook.
+
 Everything the node writes lives under its run directory, with three exceptions the runtime hard-codes (shim
 sockets in /run/containerd/s, log links in /var/log/containers, cgroups under /sys/fs/cgroup/*/<root>): `stop()`
 removes what the run added there, and tests/realcluster/inventory.py checks that it did.
@@ -55,6 +63,11 @@ KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
 # libcni's result cache (containerd's CNI library has no setting for it).
 CNI_CACHE = Path("/var/lib/cni")
+# Paths written whatever the run's configuration says: the kubelet's device-plugin socket
+# (/var/lib/kubelet/device-plugins/kubelet.sock), and the CNI configuration lock buildah's network library takes
+# (/etc/cni/net.d/cni.lock, at `buildah from`). On a machine without them the run makes them; `stop()` (and
+# PodStack's, for the images built before the node) removes what it made, as with the shim sockets.
+HARD_CODED = (Path("/var/lib/kubelet"), Path("/etc/cni"))
 
 
 class Unavailable(RuntimeError):
@@ -80,7 +93,11 @@ DEBIAN_TOOLS = {"containerd": "containerd", "runc": "runc", "nsenter": "util-lin
                 "ip": "iproute2", "ctr": "containerd"}  # fmt: skip
 
 
-NODE_PROGRAMS = ("kubelet", "kube-proxy", "pause", "coredns", "local-path-provisioner")
+NODE_PROGRAMS = ("kubelet", "kube-proxy", "pause", "coredns", "local-path-provisioner", "kube-network-policies")
+NETPOL_ENGINE = "kube-network-policies"
+NETPOL_USER = "hlas:kube-network-policies"
+NETPOL_QUEUE = 100
+NETPOL_METRICS = "127.0.0.1:9080"  # in the node's namespace
 
 
 def require_node(programs: tuple[str, ...] = NODE_PROGRAMS) -> Path:
@@ -273,6 +290,29 @@ def kube_proxy_config(*, kubeconfig: Path) -> dict[str, Any]:
     }
 
 
+def network_policy_rbac(user: str = NETPOL_USER) -> list[dict[str, Any]]:
+    """What the engine reads, as its install.yaml grants it (pods and namespaces, networkpolicies: list, watch),
+    bound to the user of its client certificate. Nodes only with AdminNetworkPolicy, which is not enabled."""
+    name = "hlas-kube-network-policies"
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [{"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+                   {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+                    "verbs": ["list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]},
+    ]  # fmt: skip
+
+
+def network_policy_args(bins: Path, *, kubeconfig: Path) -> list[str]:
+    """The engine's command line: its own kubeconfig (build-node.sh adds the flag), the node's name, no NRI
+    (containerd 1.6 has none), metrics on the namespace's loopback."""
+    return [str(bins / NETPOL_ENGINE), f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",
+            f"--nfqueue-id={NETPOL_QUEUE}", f"--metrics-bind-address={NETPOL_METRICS}", "--disable-nri",
+            "--v=2"]  # fmt: skip
+
+
 def egress_selector_config(layout: Layout) -> dict[str, Any]:
     """The API server reaches the cluster (the kubelet, webhook Services, Pods) through the node's CONNECT door."""
     return {
@@ -343,8 +383,9 @@ class RealNode:
     dir: Path
     doors: Doors
     sandbox_image: str
-    bins: Path = field(default_factory=lambda: require_node(("kubelet", "kube-proxy")))
+    bins: Path = field(default_factory=lambda: require_node(("kubelet", "kube-proxy", NETPOL_ENGINE)))
     prefix: str = PREFIX  # of its namespace and cgroups (Layout)
+    network_policies: bool = True  # kube-network-policies enforces NetworkPolicy on the node
     layout: Layout = field(init=False)
     procs: list[Proc] = field(default_factory=list)
     cluster: Cluster | None = None
@@ -362,7 +403,7 @@ class RealNode:
         """The namespace, its links and doors; returns the API server's extra flags."""
         self._tunables = read_tunables()
         self._shim_dir_existed = SHIM_SOCKETS.exists()
-        self._strays_before = _tree(SHIM_SOCKETS.parent) | _tree(CNI_CACHE)
+        self._strays_before = strays()
         self._log_links_dir_existed = CONTAINER_LOG_LINKS.exists()
         ns = self.layout.netns
         _sh("ip", "netns", "add", ns)
@@ -405,6 +446,8 @@ class RealNode:
             self._start_containerd()
             self._start_kubelet(cluster)
             self._start_kube_proxy(cluster)
+            if self.network_policies:
+                self._start_network_policies(cluster)
             cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                             input=yaml.safe_dump(kubernetes_endpoints(self.doors.api_port)))  # fmt: skip
         except BaseException:
@@ -476,6 +519,37 @@ class RealNode:
         wait_until("kube-proxy to write its nftables table in the node's namespace", healthy, within=90,
                    procs=[proc])  # fmt: skip
 
+    def _start_network_policies(self, cluster: Cluster) -> None:
+        """kube-network-policies in the node's namespace, as kube-proxy runs there. The kernel here has nfnetlink_queue
+        and br_netfilter built in (no modules: CONFIG_MODULES is unset); the bridge's packets are sent through the IP
+        hooks in this namespace only (the setting is per namespace since Linux 5.3)."""
+        net = f"--net={self.layout.netns_path}"
+        # Where they are modules, loading one is the machine's (kept loaded, as a CNI's DaemonSet leaves them).
+        modprobe = shutil.which("modprobe")
+        if modprobe and not Path("/proc/net/netfilter/nfnetlink_queue").exists():
+            _sh(modprobe, "nfnetlink_queue", check=False)
+        bridge_nf = _sh("nsenter", net, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", check=False)
+        if modprobe and bridge_nf.returncode != 0:  # br_netfilter not loaded: its settings appear once it is
+            _sh(modprobe, "br_netfilter", check=False)
+            bridge_nf = _sh("nsenter", net, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", check=False)
+        missing = [what for what, ok in (
+            ("nfnetlink_queue (CONFIG_NETFILTER_NETLINK_QUEUE)", Path("/proc/net/netfilter/nfnetlink_queue").exists()),
+            ("br_netfilter (CONFIG_BRIDGE_NETFILTER)", bridge_nf.returncode == 0)) if not ok]  # fmt: skip
+        if missing:
+            raise Unavailable("NetworkPolicy on the node needs " + " and ".join(missing))
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                        input=yaml.safe_dump_all(network_policy_rbac()))  # fmt: skip
+        pair = cluster.pki.issue(NETPOL_ENGINE, NETPOL_USER)
+        kubeconfig = pki.kubeconfig(self.dir / f"{NETPOL_ENGINE}.kubeconfig", server=cluster.server,
+                                    ca=cluster.pki.cert, user=NETPOL_USER, pair=pair)  # fmt: skip
+        proc = self._in_netns(NETPOL_ENGINE, network_policy_args(self.bins, kubeconfig=kubeconfig))
+
+        def queueing() -> bool:
+            return "queue num" in self.netpol_table() and self.netpol_queue_bound()
+
+        wait_until(f"kube-network-policies to write its nftables table and bind nfqueue {NETPOL_QUEUE} in the node's "
+                   "namespace", queueing, within=90, procs=[proc])  # fmt: skip
+
     # --- for a tier that attaches to the node (issue 31's machine room) ----------------------------------------------
     # The node's network namespace is `layout.netns`, a named one (/var/run/netns): a link moved into it with
     # `ip link set <dev> netns <name>` joins the node. Images reach it through the run's registry
@@ -488,6 +562,18 @@ class RealNode:
         done = _sh("nsenter", f"--net={self.layout.netns_path}", "nft", "list", "table", "ip", "kube-proxy",
                    check=False)  # fmt: skip
         return done.stdout if done.returncode == 0 else ""
+
+    def netpol_table(self) -> str:
+        """kube-network-policies' nftables table in the node's namespace ('' before it exists)."""
+        done = _sh("nsenter", f"--net={self.layout.netns_path}", "nft", "list", "table", "inet", NETPOL_ENGINE,
+                   check=False)  # fmt: skip
+        return done.stdout if done.returncode == 0 else ""
+
+    def netpol_queue_bound(self) -> bool:
+        """Whether a process listens on the engine's nfqueue in the node's namespace (its first column the queue)."""
+        done = _sh("nsenter", f"--net={self.layout.netns_path}", "cat", "/proc/net/netfilter/nfnetlink_queue",
+                   check=False)  # fmt: skip
+        return any(line.split()[:1] == [str(NETPOL_QUEUE)] for line in done.stdout.splitlines())
 
     def tasks(self) -> list[str]:
         """containerd's running tasks (containers with a process), by id."""
@@ -609,16 +695,29 @@ class RealNode:
                     CONTAINER_LOG_LINKS.rmdir()
         # Shim sockets left by shims that were killed, and libcni's cached results of this node's Pods: what
         # appeared since the start and no live process holds (the machine is shared).
-        bound = _bound_unix_sockets()
-        new = (_tree(SHIM_SOCKETS.parent) | _tree(CNI_CACHE)) - self._strays_before
-        for path in sorted(new, key=lambda p: -len(p.parts)):
-            if str(path) in bound:
-                continue
-            with contextlib.suppress(OSError):
-                if path.is_dir() and not path.is_symlink():
-                    path.rmdir()
-                else:
-                    path.unlink()
+        remove_strays(self._strays_before)
+
+
+def strays() -> set[Path]:
+    """What the runtime (and buildah: /etc/cni/net.d/cni.lock) may write outside a run's directory, as it is now."""
+    found = _tree(SHIM_SOCKETS.parent) | _tree(CNI_CACHE)
+    for root in HARD_CODED:
+        found |= _tree(root)
+    return found
+
+
+def remove_strays(before: set[Path]) -> None:
+    """What appeared among `strays()` since `before` was taken and no live process holds: removed, deepest first
+    (a directory only when empty)."""
+    bound = _bound_unix_sockets()
+    for path in sorted(strays() - before, key=lambda p: -len(p.parts)):
+        if str(path) in bound:
+            continue
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
 
 
 def _tree(root: Path) -> set[Path]:

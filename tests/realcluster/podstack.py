@@ -37,7 +37,9 @@ from tests.realcluster.node import (
     Doors,
     RealNode,
     node_bin_dir,
+    remove_strays,
     require_node,
+    strays,
 )
 from tests.realcluster.stack import Homelab, homelab_objects
 from tests.upgrade.previous import source_of
@@ -133,6 +135,7 @@ class PodStack:
     room: MachineRoom | None = None
     previous_commit: str | None = None
     logs: LogKeeper | None = None
+    _strays_before: set[Path] | None = None  # what the runtime and buildah had written outside the run, at start()
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +211,7 @@ class PodStack:
 
     # --- start and stop -------------------------------------------------------------------------------------------
     def start(self) -> PodStack:
+        self._strays_before = strays()
         try:
             with self.phase("images"):
                 self.build_images()
@@ -272,6 +276,8 @@ class PodStack:
             self.cluster.stop()
         with contextlib.suppress(AttributeError):
             self.registry.stop()
+        if self._strays_before is not None:  # buildah's lock under /etc/cni, made before the node's own record
+            remove_strays(self._strays_before)
 
     def dump(self, lines: int = 60) -> None:
         if self.logs is not None:

@@ -5,7 +5,8 @@ Pods run in containerd on the real kubelet, the machine is a KWOK one switched b
 container calls (tests/realcluster/podstack.py, as test_pods.py's story). Each command is docs/install.md's, read
 from it (tests/realcluster/helm.py):
 
-1. the guide's default StorageClass, then `helm install --create-namespace --wait` of the defaults, the images
+1. the guide's default StorageClass, then the chart packaged, pushed to the run's registry as an OCI artifact and
+   `helm install oci://... --create-namespace --wait` of the defaults from there, the images
    overridden by a values file as a private registry's user writes one: the operator's Pod and the bundled
    Temporal's three (PostgreSQL, the server, the Web UI) Running and Ready on the real kubelet, their containers in
    containerd, each init container (the operator's `temporal-setup`, the server's `schema`) done; PostgreSQL's
@@ -57,7 +58,7 @@ from tests import releases
 from tests.realcluster import inventory
 from tests.realcluster.cluster import wait_until
 from tests.realcluster.conftest import FAILED
-from tests.realcluster.helm import CRDS, RELEASED, ChartReads, Helm, documented, install_command
+from tests.realcluster.helm import CHART, CRDS, RELEASED, ChartReads, Helm, documented
 from tests.realcluster.node import NODE_NAME
 from tests.realcluster.podstack import PodStack, machine_room_service, powered
 from tests.realcluster.stack import NS, GroupSpec, Homelab, SlotSpec, hand_claim, phase
@@ -231,9 +232,18 @@ def test_1_helm_install_runs_the_charts_pods_on_the_real_kubelet(stack: HelmPods
         s.install_storage()
         s.helm.run(documented("kubectl patch storageclass local-path"))
     s.write_values(s.chart_images[0])
-    with s.phase("helm install --wait"):
-        s.helm.run(install_command())
+    # The chart as an OCI artifact in the run's registry (plain HTTP on the loopback), as the guide pushes it.
+    version = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"])
+    places = {"VERSION": version, "REGISTRY": s.registry.address}
+    with s.phase("helm package, push to the registry, install --wait from oci://"):
+        s.helm.run(documented("helm package charts/homelab-autoscaler", **places))
+        s.helm.run([*documented("helm push dist/", **places), "--plain-http"])
+        assert s.registry.has("charts/homelab-autoscaler", version), "the pushed chart is not in the registry"
+        s.helm.run([*documented("helm install homelab-autoscaler oci://", **places), "--plain-http", "-f",
+                    "my-values.yaml"])  # fmt: skip
     assert s.helm.history(NS) == ["deployed"]
+    (revision,) = yaml.safe_load(s.helm.run(["helm", "history", "homelab-autoscaler", "-n", NS, "-o", "json"]).stdout)
+    assert revision["chart"] == f"homelab-autoscaler-{version}", revision
     assert s.chart_running(s.chart_images[0])
     assert s.version_in("deployment/homelab-autoscaler") == f"homelab-autoscaler {releases.current()}"
     pvc = s.volume_claim(DATA_CLAIM)

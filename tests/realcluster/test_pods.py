@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.realcluster import audit, crds, inventory
+from tests.realcluster import audit, crds, doors, inventory
 from tests.realcluster.certmanager import CertManager
 from tests.realcluster.cluster import cluster_autoscaler_binary, wait_until
 from tests.realcluster.conftest import FAILED
@@ -581,6 +581,72 @@ def web_ui_lists(s: PodStack, names: list[str]) -> str:
         proc.terminate()
         proc.wait(10)
     return f"the Web UI lists {', '.join(names)}"
+
+
+# The default install's doors (docs/install.md, "What is closed"): (what, Service, port, try a TLS handshake).
+DOORS = [
+    ("the provider's gRPC", "homelab-autoscaler-provider", 8086, True),
+    ("the operator's metrics", "homelab-autoscaler-metrics", 9464, False),
+    ("Temporal's frontend", "temporal-frontend", 7233, False),
+    ("the Web UI", "temporal-web", 8233, False),
+    ("PostgreSQL", "temporal-postgresql", 5432, False),
+]
+INTRUDER = ("door-intruder", {"app": "curious"})
+
+
+def _from_the_operator(s: PodStack, host: str, port: int) -> tuple[bool, str]:
+    """A TCP connect from inside the operator's own Pod (its image's Python), as the operator itself connects."""
+    done = s.cluster.kubectl("-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--",
+                             "python", "-c", doors.PROBE, host, str(port), "0", "5", check=False,
+                             timeout=40)  # fmt: skip
+    line = next((x for x in done.stdout.splitlines() if x.strip()), f"error (exit {done.returncode})")
+    return line.split(" ", 1)[0] == "ok", line.strip()
+
+
+def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: PodStack) -> None:
+    """The node enforces NetworkPolicy (kube-network-policies, tests/realcluster/node.py). A Pod in another namespace,
+    with the cluster's DNS and no certificate, tries each door of the install: each is closed, and the table says
+    how. The same doors from the Pods they are for: a namespace labelled as a metrics scraper reaches the metrics; a
+    Pod labelled as cluster-autoscaler reaches the provider, which then refuses it a session without a client
+    certificate; the operator's own Pod reaches Temporal's frontend and not PostgreSQL."""
+    s = pods
+    namespace, labels = INTRUDER
+    attempts: list[doors.Attempt] = []
+    try:
+        with s.phase("the doors tried from a Pod in another namespace and from the right ones"):
+            for what, service, port, tls in DOORS:
+                ok, how = doors.try_door(s, namespace, labels, f"{service}.{NS}.svc", port, tls=tls)
+                attempts.append(doors.Attempt(f"{namespace} (no certificate)", what, port, False, ok, how))
+            scraper = "door-monitoring"
+            doors.client_pod(s, scraper, {"app": "prometheus"})  # makes the namespace, then labels it
+            s.cluster.kubectl("label", "namespace", scraper, "homelab-autoscaler.dev/metrics-scraper=true",
+                              "--overwrite")  # fmt: skip
+            ok, how = doors.try_door(s, scraper, {"app": "prometheus"}, f"homelab-autoscaler-metrics.{NS}.svc", 9464)
+            attempts.append(doors.Attempt(f"{scraper} (metrics-scraper)", "the operator's metrics", 9464, True, ok,
+                                          how))  # fmt: skip
+            autoscaler = {"app.kubernetes.io/name": "cluster-autoscaler"}
+            ok, how = doors.try_door(s, NS, autoscaler, f"homelab-autoscaler-provider.{NS}.svc", 8086)
+            attempts.append(doors.Attempt("cluster-autoscaler's labels", "the provider's gRPC (TCP)", 8086, True, ok,
+                                          how))  # fmt: skip
+            ok, how = doors.try_door(s, NS, autoscaler, f"homelab-autoscaler-provider.{NS}.svc", 8086, tls=True)
+            attempts.append(doors.Attempt("cluster-autoscaler's labels", "the provider's gRPC (TLS, no cert)", 8086,
+                                          False, ok, how))  # fmt: skip
+            for what, service, port, expected in (("Temporal's frontend", "temporal-frontend", 7233, True),
+                                                  ("PostgreSQL", "temporal-postgresql", 5432, False)):  # fmt: skip
+                ok, how = _from_the_operator(s, service, port)
+                attempts.append(doors.Attempt("the operator's Pod", what, port, expected, ok, how))
+    finally:
+        print("\n" + doors.table(attempts))
+        for ns in (namespace, "door-monitoring"):
+            s.cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
+        doors.forget_clients(s, NS)
+    wrong = [a.row() for a in attempts if a.ok != a.expected]
+    assert not wrong, "doors not as documented:\n" + "\n".join(wrong)
+    for a in attempts:
+        if a.source.startswith(namespace):  # dropped or refused by the policy, never a DNS or harness failure
+            assert a.how.split(" ", 1)[0] in ("timeout", "refused"), a.row()
+    (handshake,) = [a for a in attempts if "no cert" in a.target]
+    assert handshake.how.startswith(("tls-refused", "tls-closed")), handshake.row()
 
 
 def test_the_temporal_pods_deleted_mid_boot(pods: PodStack) -> None:
