@@ -6,13 +6,17 @@ Two machines of `workers` are on when the operator starts (adopted). Each gets a
 1. `guarded`, under a PodDisruptionBudget with maxUnavailable 0: the drain is refused (429), no shutdown Job is
    made, one DrainBlocked Warning says which Pod and budget; the budget relaxed, the Pod is evicted and the power-off
    follows, the Pod gone from the node before the shutdown Job exists;
-2. `held`, annotated `karpenter.sh/do-not-disrupt: "true"`: blocked likewise, until the claim is annotated
+   The worker is killed (-9) while the drain is blocked: the new one resumes it (still no Job, nothing said twice);
+2. `held`, annotated `karpenter.sh/do-not-disrupt: "true"`: blocked likewise; its annotation swapped for
+   cluster-autoscaler's `safe-to-evict: "false"`, still blocked a round later; until the claim is annotated
    `infra.homecluster.dev/force-drain=true`.
 The claim's Events are printed while blocked and after (what `kubectl describe nodeclaim` shows).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -161,6 +165,17 @@ def test_1_a_budget_that_refuses_delays_the_power_off_says_why_once_and_the_powe
     assert f"PodDisruptionBudget {WORKLOAD_NS}/guarded" in said[0].message, said[0].message
     assert [e for e in events(s, names.KIND_NODE, slot) if e.reason == "DrainBlocked"], "the slot says it too"
     print(f"\n--- claim {claim} while blocked ---\n{describe(s, claim)}")
+    # The worker killed mid-drain (-9, as a node's crash would): the new one resumes the drain, never skips it, and
+    # says nothing twice.
+    worker = s.roles["worker"]
+    assert worker.popen is not None
+    os.kill(worker.popen.pid, signal.SIGKILL)
+    worker.popen.wait(10)
+    s.restart_role("worker")
+    time.sleep(15)
+    assert not shutdown_jobs(s, slot) and slot_pods(s, slot) and s.node_ready(slot), "a drain skipped by a new worker"
+    said = [e for e in events(s, names.KIND_NODECLAIM, claim) if e.reason == "DrainBlocked"]
+    assert len(said) == 1 and (said[0].count or 1) == 1, [(e.message, e.count) for e in said]
     k8s.PolicyV1Api(s.cluster.admin).patch_namespaced_pod_disruption_budget(
         "guarded", WORKLOAD_NS, {"spec": {"maxUnavailable": 1}}
     )
@@ -175,6 +190,15 @@ def test_2_a_do_not_disrupt_pod_blocks_the_power_off_until_the_force_annotation(
     s, slot = stack, placed[1]
     claim = delete_until_blocked(s, slot)
     assert not shutdown_jobs(s, slot) and slot_pods(s, slot)
+    # cluster-autoscaler's own word blocks alone: the Pod's do-not-disrupt swapped for safe-to-evict "false", and a
+    # round later (rounds are at most a minute apart) the Pod is still there and no shutdown Job exists.
+    (pod,) = slot_pods(s, slot)
+    swap = {
+        "metadata": {"annotations": {names.ANNOTATION_DO_NOT_DISRUPT: None, names.ANNOTATION_SAFE_TO_EVICT: "false"}}
+    }
+    k8s.CoreV1Api(s.cluster.admin).patch_namespaced_pod(pod.metadata.name, WORKLOAD_NS, swap)
+    time.sleep(75)
+    assert not shutdown_jobs(s, slot) and [p.metadata.name for p in slot_pods(s, slot)] == [pod.metadata.name]
     api: Any = k8s.CustomObjectsApi(s.cluster.admin)
     force = {"metadata": {"annotations": {names.ANNOTATION_FORCE_DRAIN: "true"}}}
     try:
