@@ -59,7 +59,14 @@ def _key(e: AuditEvent) -> Key:
 
 
 def _version(group: str) -> str:
-    return {"": "v1", "batch": "v1", "coordination.k8s.io": "v1", "infra.homecluster.dev": "v2alpha1"}[group]
+    versions = {
+        "": "v1",
+        "batch": "v1",
+        "coordination.k8s.io": "v1",
+        "policy": "v1",
+        "infra.homecluster.dev": "v2alpha1",
+    }
+    return versions[group]
 
 
 def _gv(group: str) -> str:
