@@ -149,30 +149,35 @@ def try_door(stack: PodStack, namespace: str, pod_labels: dict[str, str], host: 
     got through, and how, in words: `ok ...`, `refused ...`, `timeout ...`, `no-dns ...`, `tls-refused <reason>`,
     `tls-closed`, `error ...`."""
     pod = client_pod(stack, namespace, pod_labels)
-    python = bool(_python_image(stack))
-    if tls and not python:
+    if _python_image(stack):
+        return probe_from(stack, namespace, pod, "client", host, port, tls=tls, timeout=timeout)
+    if tls:
         raise ValueError("a TLS try needs the operator image (PodStack(with_operator_image=True)); busybox has none")
-    if python:
-        command = ["python", "-c", PROBE, host, str(port), "1" if tls else "0", str(timeout)]
-    else:
-        # nc's -w bounds the connect; stdin at its end closes the connection once made.
-        script = f"nc -w {max(1, round(timeout))} {shlex.quote(host)} {port} </dev/null && echo ok connected"
-        command = ["sh", "-c", script]
-    done = stack.cluster.kubectl("-n", namespace, "exec", pod, "-c", "client", "--", *command, check=False,
+    # nc's -w bounds the connect; stdin at its end closes the connection once made.
+    script = f"nc -w {max(1, round(timeout))} {shlex.quote(host)} {port} </dev/null && echo ok connected"
+    done = stack.cluster.kubectl("-n", namespace, "exec", pod, "-c", "client", "--", "sh", "-c", script, check=False,
                                  timeout=timeout + 30)  # fmt: skip
     out = (done.stdout + done.stderr).strip()
-    if python:
-        line = next((x for x in done.stdout.splitlines() if x.strip()), "")
-        word = line.split(" ", 1)[0]
-        if not word:
-            return False, f"error: the probe said nothing (exit {done.returncode}): {out[-300:]}"
-        return word == "ok", line.strip()
     if done.returncode == 0 and "ok connected" in done.stdout:
         return True, "ok"
     for text, word in NC_WORDS:
         if text in out:
             return False, word
     return False, f"error (exit {done.returncode}): {out[-300:]}"
+
+
+def probe_from(stack: PodStack, namespace: str, pod: str, container: str, host: str, port: int, *, tls: bool = False,
+               timeout: float = 5.0) -> tuple[bool, str]:  # fmt: skip
+    """PROBE run by the Python of `container` in `pod` (a client Pod, or any Pod whose image has Python, such as the
+    operator's own, which connects as the operator does): whether it got through, and how, in words."""
+    done = stack.cluster.kubectl("-n", namespace, "exec", pod, "-c", container, "--", "python", "-c", PROBE, host,
+                                 str(port), "1" if tls else "0", str(timeout), check=False,
+                                 timeout=timeout + 30)  # fmt: skip
+    line = next((x for x in done.stdout.splitlines() if x.strip()), "")
+    if not line:
+        out = (done.stdout + done.stderr).strip()
+        return False, f"error: the probe said nothing (exit {done.returncode}): {out[-300:]}"
+    return line.split(" ", 1)[0] == "ok", line.strip()
 
 
 def forget_clients(stack: PodStack, namespace: str) -> None:

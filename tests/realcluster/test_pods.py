@@ -594,15 +594,6 @@ DOORS = [
 INTRUDER = ("door-intruder", {"app": "curious"})
 
 
-def _from_the_operator(s: PodStack, host: str, port: int) -> tuple[bool, str]:
-    """A TCP connect from inside the operator's own Pod (its image's Python), as the operator itself connects."""
-    done = s.cluster.kubectl("-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--",
-                             "python", "-c", doors.PROBE, host, str(port), "0", "5", check=False,
-                             timeout=40)  # fmt: skip
-    line = next((x for x in done.stdout.splitlines() if x.strip()), f"error (exit {done.returncode})")
-    return line.split(" ", 1)[0] == "ok", line.strip()
-
-
 def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: PodStack) -> None:
     """The node enforces NetworkPolicy (kube-network-policies, tests/realcluster/node.py). A Pod in another namespace,
     with the cluster's DNS and no certificate, tries each door of the install: each is closed, and the table says
@@ -633,7 +624,7 @@ def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: P
                                           False, ok, how))  # fmt: skip
             for what, service, port, expected in (("Temporal's frontend", "temporal-frontend", 7233, True),
                                                   ("PostgreSQL", "temporal-postgresql", 5432, False)):  # fmt: skip
-                ok, how = _from_the_operator(s, service, port)
+                ok, how = doors.probe_from(s, NS, "deployment/homelab-autoscaler", "homelab-autoscaler", service, port)
                 attempts.append(doors.Attempt("the operator's Pod", what, port, expected, ok, how))
     finally:
         print("\n" + doors.table(attempts))
