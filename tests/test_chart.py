@@ -440,11 +440,26 @@ def test_the_development_only_dev_server_takes_its_own_values() -> None:
     assert "initContainers" not in operator["spec"]["template"]["spec"], "the dev server needs no setup step"
     sts = _named(docs, "StatefulSet", "temporal")
     (c,) = sts["spec"]["template"]["spec"]["containers"]
-    assert c["command"] == ["temporal"] and c["image"] == OPERATOR_IMAGE and c["resources"] == RESOURCES
+    # Temporal's own CLI from its admin-tools image, as that image's user: the operator's image has no dev server.
+    assert c["command"] == ["temporal"] and c["image"] == "temporalio/admin-tools:1.32.1"
+    assert c["resources"] == RESOURCES
+    assert sts["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 1000
     assert c["args"][c["args"].index("--log-level") + 1] == "info"
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["storageClassName"] == "local-path"
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+@pytest.mark.usefixtures("tools")
+@pytest.mark.parametrize("split", [False, True])
+def test_a_digest_pins_every_operator_container_over_the_tag(split: bool) -> None:
+    """image.digest (one platform's image of the index, or the index) wins over the tag in every container that
+    runs the operator's image, init containers too (issue 42: the arm64 image installed by its digest)."""
+    digest = "sha256:" + "ab" * 32
+    values = {**_common_values(split), "image": {**_common_values(split)["image"], "digest": digest}}
+    docs = chart(values)
+    containers = [c for doc in _workloads(docs) for c in _operator_containers(doc)]
+    assert containers and {c["image"] for c in containers} == {f"registry.lan:5000/homelab-autoscaler@{digest}"}
 
 
 EXTERNAL = {"host": "db.lan", "port": 15432, "user": "temporal_lab", "passwordSecret": "lab-db"}

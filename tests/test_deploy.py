@@ -619,17 +619,24 @@ def test_the_image_the_install_docs_override_is_the_one_the_kustomizations_name(
         (entry,) = kustomization["images"]
         assert entry["name"] == "homelab-autoscaler", f"deploy/{path}: the manifests' placeholder"
         assert entry["newName"] == documented, f"deploy/{path} names {entry['newName']}, the docs {documented}"
-    build = _install_block("sh", "docker build")
-    assert "docker build -t REGISTRY/homelab-autoscaler:TAG ." in build
-    assert "docker push REGISTRY/homelab-autoscaler:TAG" in build
+    # One tag for both platforms (issue 42): buildx pushes the index; buildah builds it and pushes all of it.
+    build = _install_block("sh", "docker buildx build")
+    assert "docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/homelab-autoscaler:TAG --push ." in build
+    assert "buildah bud --platform linux/amd64,linux/arm64 --manifest homelab-autoscaler:TAG ." in build
+    assert "buildah manifest push --all homelab-autoscaler:TAG docker://REGISTRY/homelab-autoscaler:TAG" in build
     workloads = [
         doc
-        for path in ("base/operator.yaml", "overlays/dev-server/temporal.yaml")
-        for doc in yaml.safe_load_all((DEPLOY / path).read_text())
+        for doc in yaml.safe_load_all((DEPLOY / "base/operator.yaml").read_text())
         if doc and doc["kind"] in ("Deployment", "StatefulSet")
     ]
     placeholders = {c["image"] for doc in workloads for c in doc["spec"]["template"]["spec"]["containers"]}
     assert placeholders == {"homelab-autoscaler"}
+    # The dev server is Temporal's CLI from its own image, at the bundled server's version: ours has no dev server.
+    (dev,) = [d for d in yaml.safe_load_all((DEPLOY / "overlays/dev-server/temporal.yaml").read_text())
+              if d and d["kind"] == "StatefulSet"]  # fmt: skip
+    (container,) = dev["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "temporalio/admin-tools:1.32.1" and container["command"] == ["temporal"]
+    assert dev["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 1000
 
 
 @needs_kubectl
@@ -836,8 +843,9 @@ def test_the_kind_install_runs_this_checkout_on_the_control_plane_with_short_sca
         if doc["kind"] in ("Deployment", "StatefulSet"):
             pod = doc["spec"]["template"]["spec"]
             assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}, doc["metadata"]["name"]
-    images = {c["image"] for _, c in containers(docs) if c["name"] in ("homelab-autoscaler", "temporal")}
-    assert images == {"homelab-autoscaler:e2e"}, "the image `make e2e` builds and loads into kind"
+    images = {c["name"]: c["image"] for _, c in containers(docs) if c["name"] in ("homelab-autoscaler", "temporal")}
+    assert images == {"homelab-autoscaler": "homelab-autoscaler:e2e", "temporal": "temporalio/admin-tools:1.32.1"}, \
+        "the image `make e2e` builds and loads into kind, and the dev server's own"  # fmt: skip
     (ca,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "cluster-autoscaler"]
     args = ca["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = dict(a.removeprefix("--").split("=", 1) for a in args if "=" in a)

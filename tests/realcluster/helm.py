@@ -111,10 +111,12 @@ class Helm:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.values = self.dir / "my-values.yaml"
 
-    def write_values(self, image: str) -> None:
-        """The values file: the image (`repository:tag`) and `more_values`."""
+    def write_values(self, image: str, digest: str = "") -> None:
+        """The values file: the image (`repository:tag`, pinned to `digest` when given) and `more_values`."""
         repository, _, tag = image.rpartition(":")
-        self.values.write_text(yaml.safe_dump({"image": {"repository": repository, "tag": tag}, **self.more_values}))
+        pinned = {"digest": digest} if digest else {}
+        self.values.write_text(yaml.safe_dump({"image": {"repository": repository, "tag": tag, **pinned},
+                                               **self.more_values}))  # fmt: skip
 
     def run(self, argv: list[str], *, check: bool = True, timeout: float = 420) -> subprocess.CompletedProcess[str]:
         """A documented command: `helm` and `kubectl` are the built ones, the checkout is the working directory,

@@ -14,6 +14,7 @@ so a change is a new image and an unchanged one is never rebuilt. Images live in
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import io
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import binfmt
 from tests.procs import ROOT, free_port
 from tests.realcluster.cluster import Proc, wait_until
 
@@ -38,11 +40,22 @@ CACHE = Path(os.environ.get("HOMELAB_IMAGE_CACHE", "") or _XDG_CACHE / "homelab-
 MACHINE_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What python:3.11-slim-bookworm gives the Dockerfile: an interpreter with venv, CA certificates, groupadd/useradd.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
+# /usr merged as debootstrap (and so the official images) does it, by directory symlinks and usr-is-merged: without
+# it, mmdebstrap's bookworm installs the usrmerge package, which pulls in all of perl (50 MB).
+MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
+# The platforms an image of ours is built for (issue 42): one tag, an OCI image index of both.
+PLATFORMS = ("linux/amd64", "linux/arm64")
+# What Debian's official slim images leave out of every package (debuerreotype's slimify: documentation, manuals,
+# translations), as dpkg path filters, so a stand-in is no larger than the image it stands for.
+SLIM_DPKG = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
+             "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/groff/*", "path-exclude=/usr/share/info/*",
+             "path-exclude=/usr/share/lintian/*", "path-exclude=/usr/share/linda/*", "path-exclude=/usr/share/locale/*",
+             "path-include=/usr/share/locale/locale.alias")  # fmt: skip
 OFFICIAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUSYBOX_APPLETS = ("sh", "mkdir", "rm", "rmdir", "sleep", "cat", "echo", "wget", "ls", "test", "[", "true", "false",
                    "env", "printf", "chmod", "nc", "id", "date", "hostname", "nslookup")  # fmt: skip
 # A recipe's version: bump it when the way an image is made changes, and every image of that recipe is rebuilt.
-RECIPE = "hlas-images-1"
+RECIPE = "hlas-images-2"
 # The official Temporal images' user, as their /etc/passwd and /etc/group say it: Go's os/user (the server's
 # OpenTelemetry resource detection calls user.Current) fails without an entry for the uid the Pod runs as.
 TEMPORAL_PASSWD = "root:x:0:0:root:/root:/sbin/nologin\ntemporal:x:1000:1000:temporal:{home}:/sbin/nologin\n"
@@ -170,12 +183,19 @@ def export_commit(commit: str, dest: Path, root: Path = ROOT) -> Path:
 # --- building ---------------------------------------------------------------------------------------------------------
 @dataclass
 class Built:
-    """An image in the cache: its local name, whether this run built it, and how long that took."""
+    """An image in the cache: its local name, whether this run built it, and how long that took; an index (one tag,
+    several platforms) lists its members."""
 
     name: str
     local: str
     built: bool
     seconds: float
+    platform: str = "linux/amd64"
+    members: tuple[Built, ...] = ()
+
+    @property
+    def is_index(self) -> bool:
+        return bool(self.members)
 
 
 @dataclass
@@ -204,19 +224,27 @@ class Builder:
                "--storage-driver", "overlay", "inspect", "--type", "image", local]  # fmt: skip
         return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
 
-    def ensure(self, name: str, key: str, build: Build, note: str = "") -> Built:
+    def ensure(self, name: str, key: str, build: Build, note: str = "", platform: str = "linux/amd64") -> Built:
         """`localhost/hlas/<name>:<key>`, built by `build(local)` unless the store has it; `note` says which."""
         local = f"localhost/hlas/{name}:{key}"
         began = time.monotonic()
         if self.has(local):
-            result = Built(name, local, False, time.monotonic() - began)
+            result = Built(name, local, False, time.monotonic() - began, platform)
         else:
             build(local)
-            result = Built(name, local, True, time.monotonic() - began)
+            result = Built(name, local, True, time.monotonic() - began, platform)
         self.log.append(result)
-        print(f"image {name}{note}: {'built in' if result.built else 'cached'} {result.seconds:.0f} s ({local})",
-              flush=True)  # fmt: skip
+        print(f"image {name}{note} {platform}: {'built in' if result.built else 'cached'} {result.seconds:.0f} s "
+              f"({local})", flush=True)  # fmt: skip
         return result
+
+    def size(self, built: Built) -> int:
+        """The image's size unpacked: its layers' sum, as `buildah images` and `docker images` count it (the tar of
+        each layer, read from the store's layer list)."""
+        config = json.loads(self.buildah("inspect", "--type", "image", built.local).stdout)
+        listed = json.loads((self.cache / "storage" / "overlay-layers" / "layers.json").read_text())
+        sizes = {layer.get("diff-digest"): int(layer.get("diff-size", 0)) for layer in listed}
+        return sum(sizes[d] for d in config["OCIv1"]["rootfs"]["diff_ids"])
 
     # --- the recipes ------------------------------------------------------------------------------------------------
     def from_binary(self, name: str, binary: Path, *, at: str, entrypoint: list[str], workdir: str = "/",
@@ -265,24 +293,27 @@ class Builder:
 
         return self.ensure("busybox", key, build)
 
-    def python_base(self) -> Built:
-        """What python:3.11-slim-bookworm is to the Dockerfile, from Debian's packages (mmdebstrap), keyed by the
-        packages' candidate versions in the machine's apt sources."""
+    def python_base(self, platform: str = "linux/amd64") -> Built:
+        """What python:3.11-slim-bookworm is to the Dockerfile, from Debian's packages (mmdebstrap, with the official
+        slim images' dpkg filters), keyed by the packages' candidate versions in the machine's apt sources. A foreign
+        platform's maintainer scripts run under emulation (tests/binfmt.py)."""
+        arch = platform.split("/")[1]
         versions = _candidate_versions(BASE_PACKAGES)
-        key = content_key(RECIPE, "python-base", OFFICIAL_PATH, *[f"{p}={v}" for p, v in versions.items()])
+        key = content_key(RECIPE, "python-base", platform, OFFICIAL_PATH, *SLIM_DPKG, MERGED_USR_HOOKS,
+                          *[f"{p}={v}" for p, v in versions.items()])  # fmt: skip
 
         def build(local: str) -> None:
-            tar = self.run_dir / "python-base.tar"
-            subprocess.run(
-                ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES), "--quiet",
-                 "--aptopt=Acquire::Retries=3", "bookworm", str(tar)],
-                check=True, capture_output=True, timeout=1800,
-            )  # fmt: skip
-            ctr = self.buildah("from", "scratch").stdout.strip()
+            tar = self.run_dir / f"python-base-{arch}.tar"
+            tidy = 'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log'
+            slim = [f"--dpkgopt={o}" for o in SLIM_DPKG]
+            _mmdebstrap(["--variant=minbase", f"--architectures={arch}", "--include=" + ",".join(BASE_PACKAGES),
+                         "--quiet", "--aptopt=Acquire::Retries=3", *slim, f"--hook-dir={MERGED_USR_HOOKS}",
+                         f"--customize-hook={tidy}", "bookworm", str(tar)])  # fmt: skip
+            ctr = self.buildah("from", "--arch", arch, "scratch").stdout.strip()
             try:
                 self.buildah("add", ctr, str(tar), "/")
-                self.buildah("config", "--env", f"PATH={OFFICIAL_PATH}", "--env", "LANG=C.UTF-8", "--cmd",
-                             '["python3"]', ctr)  # fmt: skip
+                self.buildah("config", "--arch", arch, "--os", "linux", "--env", f"PATH={OFFICIAL_PATH}",
+                             "--env", "LANG=C.UTF-8", "--cmd", '["python3"]', ctr)  # fmt: skip
                 self.buildah("commit", "--rm", ctr, local)
             except BaseException:
                 self.buildah("rm", ctr)
@@ -290,26 +321,73 @@ class Builder:
             finally:
                 tar.unlink(missing_ok=True)
 
-        return self.ensure("python-base", key, build)
+        with _emulating(platform):
+            return self.ensure("python-base", key, build, platform=platform)
 
     def operator(self, source: Path = ROOT, *, base: Built, note: str = "") -> Built:
-        """The repository's Dockerfile, unchanged, built with `buildah bud` on the Debian base; the machine's CA
-        bundle is mounted for the build only (pip verifies PyPI through it)."""
+        """The repository's Dockerfile, unchanged, built with `buildah bud` on the Debian base for the base's
+        platform; the machine's CA bundle is mounted for the build only (pip verifies PyPI through it)."""
         dockerfile = (source / "Dockerfile").read_text()
         ignore_file = source / ".dockerignore"
         ignore = ignore_file.read_text().splitlines() if ignore_file.exists() else []
         files = context_files(source, dockerfile, ignore)
-        key = content_key(RECIPE, "operator", base.local, dockerfile, *[
+        key = content_key(RECIPE, "operator", base.local, base.platform, dockerfile, *[
             str(f.relative_to(source)).encode() + b"\0" + f.read_bytes() for f in files])  # fmt: skip
 
         def build(local: str) -> None:
-            args = ["bud", "--layers", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base.local}",
-                    "-t", local, "-f", str(source / "Dockerfile")]  # fmt: skip
+            args = ["bud", "--layers", "--network", "host", "--platform", base.platform, "--build-arg",
+                    f"PYTHON_IMAGE={base.local}", "-t", local, "-f", str(source / "Dockerfile")]  # fmt: skip
             if MACHINE_CA_BUNDLE.exists():
                 args += ["--volume", f"{MACHINE_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro"]
-            self.buildah(*args, str(source))
+            self.buildah(*args, str(source), timeout=3600)
 
-        return self.ensure("homelab-autoscaler", key, build, note)
+        with _emulating(base.platform):
+            return self.ensure("homelab-autoscaler", key, build, note, platform=base.platform)
+
+    def index(self, name: str, members: list[Built]) -> Built:
+        """One tag for the members' platforms: an OCI image index (`buildah manifest`), as a multi-platform image is
+        pushed to a registry."""
+        key = content_key(RECIPE, "index", *[f"{m.platform}={m.local}" for m in members])
+        local = f"localhost/hlas/{name}:{key}"
+        began = time.monotonic()
+        exists = self.buildah_ok("manifest", "inspect", local)
+        if not exists:
+            self.buildah("manifest", "create", local)
+            for m in members:
+                self.buildah("manifest", "add", local, m.local)
+        result = Built(name, local, not exists, time.monotonic() - began, ",".join(m.platform for m in members),
+                       tuple(members))  # fmt: skip
+        print(f"image {name} index of {result.platform} ({local})", flush=True)
+        return result
+
+    def say_sizes(self, built: Built, bases: list[Built] | None = None) -> list[str]:
+        """`image <name> <platform> <MB> MB` per platform of an image (issue 42's line), with the base's share."""
+        lines = []
+        for member in built.members or (built,):
+            mb = self.size(member) / 1e6
+            line = f"image {built.name} {member.platform} {mb:.0f} MB"
+            if bases is not None:
+                (own_base,) = [b for b in bases if b.platform == member.platform]
+                base_mb = self.size(own_base) / 1e6
+                line += f" (base {base_mb:.0f} MB, the Dockerfile adds {mb - base_mb:.0f} MB)"
+            print(line, flush=True)
+            lines.append(line)
+        return lines
+
+    def run_in(self, built: Built, *command: str, timeout: float = 300) -> str:
+        """What `command` prints in a container of the image (its platform's, under emulation when foreign)."""
+        ctr = self.buildah("from", "--pull-never", "--platform", built.platform, built.local).stdout.strip()
+        try:
+            with _emulating(built.platform):
+                done = self.buildah("run", "--network", "none", ctr, "--", *command, timeout=timeout)
+        finally:
+            self.buildah("rm", ctr)
+        return done.stdout.strip()
+
+    def buildah_ok(self, *args: str) -> bool:
+        cmd = ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
+               "--storage-driver", "overlay", *args]  # fmt: skip
+        return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
 
     # --- the bundled Temporal's stand-ins (issue 40) --------------------------------------------------------------
     # Same-version stand-ins for the official images deploy/components/temporal names, with their entry contract:
@@ -439,13 +517,38 @@ class Builder:
         return self.ensure("postgresql", key, build, " (a stand-in for the official image)")
 
     def push(self, built: Built, ref: str) -> None:
-        """The image to the run's registry, as `docker push` would (plain HTTP on the loopback)."""
-        self.buildah("push", "--tls-verify=false", built.local, f"docker://{ref}", timeout=900)
+        """The image to the run's registry, as `docker push` would (plain HTTP on the loopback); an index with every
+        platform's image (`buildah manifest push --all`)."""
+        if built.is_index:
+            self.buildah("manifest", "push", "--all", "--tls-verify=false", built.local, f"docker://{ref}",
+                         timeout=1800)  # fmt: skip
+        else:
+            self.buildah("push", "--tls-verify=false", built.local, f"docker://{ref}", timeout=900)
 
     def archive(self, built: Built, path: Path, name: str) -> Path:
         """The image as an OCI archive named `name` (what `RealNode.load_image` imports)."""
         self.buildah("push", built.local, f"oci-archive:{path}:{name}", timeout=900)
         return path
+
+
+def _mmdebstrap(args: list[str]) -> None:
+    done = subprocess.run(["mmdebstrap", *args], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise AssertionError(f"mmdebstrap {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+
+
+@contextlib.contextmanager
+def _emulating(platform: str) -> Iterator[None]:
+    """arm64's programs run for a foreign platform's build or run (tests/binfmt.py); nothing for the machine's own."""
+    if platform == f"linux/{_machine_arch()}":
+        yield
+        return
+    with binfmt.arm64():
+        yield
+
+
+def _machine_arch() -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
 
 
 def _json(words: list[str]) -> str:
@@ -510,6 +613,20 @@ class Registry:
             if exc.code == 404:
                 return False
             raise
+
+    def platform_digest(self, repository: str, tag: str, platform: str) -> str:
+        """The digest of one platform's image in the index `repository:tag` (what pins a node to that platform)."""
+        accept = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json"
+        request = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{tag}",
+                                         headers={"Accept": accept})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as r:
+            index = json.loads(r.read())
+        os_name, arch = platform.split("/")
+        for manifest in index.get("manifests", []):
+            p = manifest.get("platform", {})
+            if p.get("os") == os_name and p.get("architecture") == arch:
+                return str(manifest["digest"])
+        raise AssertionError(f"{repository}:{tag} in the registry has no {platform} image: {index}")
 
     def stop(self) -> None:
         if self.proc is not None:

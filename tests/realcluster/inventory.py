@@ -3,8 +3,9 @@
 The machine is shared (other engineers' processes come and go), so the inventory is of the kinds of thing only a
 node makes: network namespaces (named ones and any a process or mount holds), the links, nft tables and iptables
 rules of the machine's own namespace, mounts, cgroups under the run's cgroup root, files under the paths a kubelet
-or containerd writes outside its own directories, and processes that are in another network namespace than the
-machine's or name the run's prefix. A second run right after the first must find the same inventory as before it.
+or containerd writes outside its own directories, processes that are in another network namespace than the
+machine's or name the run's prefix, and binfmt_misc's entries (the arm64 emulation of issue 42). A second run right
+after the first must find the same inventory as before it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests import binfmt
 
 # Paths a kubelet or containerd may write outside the directories the harness gives them.
 STRAY_DIRS = ("/var/log/containers", "/var/log/pods", "/run/containerd", "/var/run/netns", "/var/lib/kubelet",
@@ -35,11 +38,12 @@ class Inventory:
     files: tuple[str, ...] = ()
     processes: tuple[str, ...] = ()
     sysctls: tuple[str, ...] = ()
+    binfmt: tuple[str, ...] = ()
     errors: tuple[str, ...] = field(default=(), compare=False)
 
     def kinds(self) -> dict[str, tuple[str, ...]]:
         return {k: getattr(self, k) for k in ("netns", "links", "nft_tables", "iptables", "mounts", "cgroups",
-                                              "files", "processes", "sysctls")}  # fmt: skip
+                                              "files", "processes", "sysctls", "binfmt")}  # fmt: skip
 
 
 def diff(before: Inventory, after: Inventory) -> dict[str, tuple[list[str], list[str]]]:
@@ -54,9 +58,10 @@ def diff(before: Inventory, after: Inventory) -> dict[str, tuple[list[str], list
     return out
 
 
-# What a node makes without naming it: Pods' network namespaces, veth ends, shim sockets, log links.
+# What a node makes without naming it: Pods' network namespaces, veth ends, shim sockets, log links, and the arm64
+# emulation its images and Pods use (tests/binfmt.py removes it when the last run using it ends).
 UNNAMED_NODE_THINGS = ("cni-", "veth", " = ", "/run/containerd", "/var/log/containers", "/var/log/pods", "/var/lib/cni",
-                       "/var/lib/kubelet", "/etc/cni", "/opt/cni", "kubepods")  # fmt: skip
+                       "/var/lib/kubelet", "/etc/cni", "/opt/cni", "kubepods", f"{binfmt.ENTRY}: ")  # fmt: skip
 
 
 def attributable(item: str, markers: Iterable[str]) -> bool:
@@ -238,6 +243,7 @@ def take(*, markers: tuple[str, ...] = ("hlas-",), cgroup_names: tuple[str, ...]
         files=tuple(_files()),
         processes=tuple(procs),
         sysctls=tuple(f"{k} = {v}" for k, v in sorted(_sysctls().items())),
+        binfmt=tuple(binfmt.entries()),
         errors=tuple(errors),
     )
 

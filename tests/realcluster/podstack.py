@@ -55,6 +55,18 @@ TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "ef
 MACHINE_ROOM = f"http://machine-room.{NS}.svc:9052"
 
 
+# Run by the operator image's Python: one workflow's start and status, as JSON.
+DESCRIBE_WORKFLOW = """
+import asyncio, json, sys
+from temporalio.client import Client
+async def main():
+    client = await Client.connect("temporal-frontend:7233")
+    described = await client.get_workflow_handle(sys.argv[1]).describe()
+    print(json.dumps({"startTime": described.start_time.isoformat(), "status": described.status.name}))
+asyncio.run(main())
+"""
+
+
 @dataclass
 class Images:
     """The run's image references, as Pods name them (the run's registry)."""
@@ -176,9 +188,14 @@ class PodStack:
             self.built["temporal-admin-tools"] = b.temporal_admin_tools(temporal, Path(temporal_binary()))
             self.built["temporal-ui"] = b.temporal_ui(temporal)
             self.built["postgresql"] = b.postgresql()
+            # The operator's image for both platforms under one tag (issue 42): the arm64 one built under emulation,
+            # each platform's line printed (`image <name> <platform> <MB> MB`, with the base's share).
             base = b.python_base()
             self.built["python-base"] = base
-            self.built["homelab-autoscaler"] = b.operator(base=base)
+            bases = [base, b.python_base("linux/arm64")]
+            operators = [b.operator(base=each) for each in bases]
+            self.built["homelab-autoscaler"] = b.index("homelab-autoscaler", operators)
+            b.say_sizes(self.built["homelab-autoscaler"], bases)
             # The release before this checkout's, for the rollout while claims are in flight: tests/releases.py's
             # previous release (the one `make upgrade` upgrades from, the supported upgrade), built from its own
             # Dockerfile; with none recorded, the nearest earlier commit whose image differs (a clone without it
@@ -235,18 +252,27 @@ class PodStack:
             raise
         return self
 
-    def load_image(self, archive: Path, name: str) -> str:
+    def load_image(self, archive: Path, name: str, *, all_platforms: bool = False) -> str:
         """An image archive (OCI, or docker's) put where the node pulls from, as `<registry>/<name>`: the reference a
-        Pod names. For a tier that brings images of its own (issue 31's machine room)."""
+        Pod names. For a tier that brings images of its own (issue 31's machine room). `all_platforms`: the archive
+        holds an index, copied whole."""
         with tarfile.open(archive) as tar:
             transport = "oci-archive" if "index.json" in {m.name.lstrip("./") for m in tar.getmembers()} else \
                 "docker-archive"  # fmt: skip
         ref = f"{self.registry.address}/{name}"
-        done = subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"{transport}:{archive}",
+        every = ["--all"] if all_platforms else []
+        done = subprocess.run(["skopeo", "copy", "--quiet", *every, "--dest-tls-verify=false", f"{transport}:{archive}",
                                f"docker://{ref}"], capture_output=True, text=True, timeout=600)  # fmt: skip
         if done.returncode != 0:
             raise AssertionError(f"skopeo copy of {archive} to {ref} failed ({done.returncode}): {done.stderr[-2000:]}")
         return ref
+
+    def describe_claim(self, name: str) -> dict[str, Any]:
+        """A claim's workflow as Temporal describes it (`startTime`, `status`), asked from the operator's Pod with the
+        SDK its image carries (the image has no `temporal` CLI, issue 42; Temporal's frontend takes no other Pod)."""
+        exec_ = ["-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--"]
+        described = self.cluster.kubectl(*exec_, "python", "-c", DESCRIBE_WORKFLOW, f"nodeclaim/{NS}/{name}").stdout
+        return dict(json.loads(described))
 
     def join_lan(self, lan: Lan, name: str = "k8s-node") -> Host:
         """The real node joins a machine room's LAN (issue 31's, tests/machineroom): an interface on it in the node's

@@ -23,7 +23,10 @@ from it (tests/realcluster/helm.py):
    restart;
 5. `helm uninstall`: the chart's objects and Pods gone from the node; the CRDs, the Group, the slot and the claim
    (ready, its finalizer), the namespace, PostgreSQL's volume claim and password Secret, and the watchers' Lease
-   left, the machine still on, as the guide says.
+   left, the machine still on, as the guide says;
+6. the arm64 image of the operator's index installed by the chart by its digest (issue 42) on this amd64 node,
+   under emulation: its Pod Ready, `uname -m` aarch64 in it; it powers the machine off and boots it again through
+   a startup Job Pod of the redfish power example's arm64 image (`curl` to the machine room).
 
 This checkout's images, installed, then the same images under a second tag: the chart's operator Pod runs
 `homelab-autoscaler temporal-setup` first, which the previous release's image does not have, so that image cannot
@@ -55,12 +58,13 @@ from kubernetes import client as k8s
 
 from api import names
 from tests import releases
+from tests.procs import ROOT
 from tests.realcluster import inventory
 from tests.realcluster.cluster import wait_until
 from tests.realcluster.conftest import FAILED
 from tests.realcluster.helm import CHART, CRDS, RELEASED, ChartReads, Helm, documented
 from tests.realcluster.node import NODE_NAME
-from tests.realcluster.podstack import PodStack, machine_room_service, powered
+from tests.realcluster.podstack import MACHINE_ROOM, PodStack, machine_room_service, power_spec, powered
 from tests.realcluster.stack import NS, GroupSpec, Homelab, SlotSpec, hand_claim, phase
 from tests.realcluster.test_pods import node_ready
 
@@ -72,6 +76,13 @@ CLAIM = "machine-1-by-hand"
 SLOT = "machine-1"
 BOOT_SECONDS = 3.0  # from the BMC's yes to the machine's kubelet
 WATCH_LEASE = "homelab-autoscaler-watch"
+ARM64_CLAIM = "machine-1-on-arm64"
+# The redfish example's tool (curl) posting to the machine room as its BMC, saying where it ran.
+ARM64_STARTUP = (
+    'echo "$(uname -m) $(curl --version | head -n 1)" && '
+    f'curl -fsS -X POST "{MACHINE_ROOM}/machines/$HOMELAB_SLOT/on" '
+    '|| { echo "the BMC of $HOMELAB_SLOT did not answer" > /dev/termination-log; exit 3; }'
+)
 
 
 # The images of the install, by their name in the run's registry (podstack's `Images.refs`), and the values that
@@ -110,14 +121,15 @@ class HelmPods(PodStack, ChartReads):
         self.chart_images = (installed, upgraded)
         return self
 
-    def write_values(self, images: dict[str, str]) -> None:
-        """The run's values file: the operator's image and the bundled Temporal's, as `repository` and `tag`."""
+    def write_values(self, images: dict[str, str], digest: str = "") -> None:
+        """The run's values file: the operator's image and the bundled Temporal's, as `repository` and `tag`; the
+        operator's pinned to `digest` when given."""
         bundled = {}
         for name, key in TEMPORAL_VALUES.items():
             repository, _, tag = images[name].rpartition(":")
             bundled[key] = {"repository": repository, "tag": tag}
         self.helm.more_values = {"temporal": {"bundled": {"images": bundled}}}
-        self.helm.write_values(images[OPERATOR])
+        self.helm.write_values(images[OPERATOR], digest)
 
     # --- reading the node -------------------------------------------------------------------------------------------
     def core(self) -> Any:
@@ -188,10 +200,44 @@ class HelmPods(PodStack, ChartReads):
         lease: Any = k8s.CoordinationV1Api(self.cluster.admin).read_namespaced_lease(WATCH_LEASE, NS)
         return str(lease.spec.holder_identity or "")
 
+    def arm64_operator_ready(self, digest: str) -> bool:
+        """True when the operator's one Pod runs the image of `digest` and is Ready, and Temporal's run as before;
+        else an AssertionError saying what is not so."""
+        pods = [p for p in self.chart_pods() if self.kind(p) == ("homelab-autoscaler", "operator")]
+        if len(pods) != 1:
+            raise AssertionError(f"operator Pods: {[p.metadata.name for p in pods]}")
+        (pod,) = pods
+        (spec,) = [c for c in pod.spec.containers if c.name == "homelab-autoscaler"]
+        statuses = {c.name: c for c in pod.status.container_statuses or []}
+        status = statuses.get("homelab-autoscaler")
+        if not spec.image.endswith(f"@{digest}") or status is None or not status.ready:
+            raise AssertionError(f"{pod.metadata.name} ({spec.image}): {pod.status.phase}, {status}")
+        if digest not in str(status.image_id):
+            raise AssertionError(f"{pod.metadata.name} runs {status.image_id}, not {digest}")
+        others = [p for p in self.chart_pods() if p is not pod]
+        problems = [problem for p in others if (problem := self.running(p, self.chart_images[1]))]
+        if problems:
+            raise AssertionError("; ".join(problems))
+        return True
+
     def operator_pod(self) -> str:
         (pod,) = [p.metadata.name for p in self.chart_pods()
                   if p.metadata.labels["app.kubernetes.io/name"] == "homelab-autoscaler"]  # fmt: skip
         return str(pod)
+
+
+def arm64_power_image(s: HelmPods, name: str) -> str:
+    """A power example's image index (tests/machineroom/images.sh builds both platforms, cached by content) pushed
+    to the run's registry; the reference of its arm64 image, by digest."""
+    built = subprocess.run([str(ROOT / "tests" / "machineroom" / "images.sh")], capture_output=True, text=True,
+                           timeout=3600)  # fmt: skip
+    assert built.returncode == 0, f"tests/machineroom/images.sh failed:\n{built.stderr[-3000:]}"
+    image = Path(built.stdout.strip().splitlines()[-1]) / name
+    tag = (image / "tag").read_text().strip().rsplit(":", 1)[1]
+    repository = f"hlmr/{name}"
+    ref = s.load_image(image / "index.oci.tar", f"{repository}:{tag}", all_platforms=True)
+    digest = s.registry.platform_digest(repository, tag, "linux/arm64")
+    return f"{ref.rpartition(':')[0]}@{digest}"
 
 
 def _netns() -> list[str]:
@@ -308,14 +354,10 @@ def test_3_helm_upgrade_to_the_next_images_leaves_the_booted_claim_be(stack: Hel
     schema = s.cluster.kubectl("-n", NS, "logs", "deployment/temporal-server", "-c", "schema").stdout
     assert "schemas of temporal and temporal_visibility are this release's" in schema, schema[-2000:]
     # Temporal found the claim's workflow in PostgreSQL, on its kept volume: started before the upgrade, running.
-    described = s.cluster.kubectl("-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--",
-                                  "temporal", "workflow", "describe", "--workflow-id", f"nodeclaim/{NS}/{CLAIM}",
-                                  "--address", "temporal-frontend:7233", "--output", "json").stdout  # fmt: skip
-    info = json.loads(described)
-    execution = info.get("workflowExecutionInfo") or info.get("execution_info") or info
+    execution = s.describe_claim(CLAIM)
     started = datetime.fromisoformat(str(execution.get("startTime")).replace("Z", "+00:00")).timestamp()
-    assert started < upgraded_at, described[:400]
-    assert "RUNNING" in str(execution.get("status")).upper(), described[:400]
+    assert started < upgraded_at, execution
+    assert "RUNNING" in str(execution.get("status")).upper(), execution
     assert s.volume_claim(DATA_CLAIM).status.phase == "Bound"
     now = s.claim(CLAIM)
     assert before is not None and now is not None
@@ -393,6 +435,57 @@ def test_5_helm_uninstall_leaves_the_crds_the_claim_and_the_machine(stack: HelmP
     assert node_ready(s, SLOT), "uninstalling powered the machine off"
     assert s.jobs_created() == jobs and s.room.calls == calls, "uninstalling started a power Job"
     assert s.helm.run(["helm", "list", "-n", NS, "-q"]).stdout.strip() == ""
+
+
+def test_6_the_arm64_image_by_its_digest_boots_a_machine_through_an_arm64_power_image(stack: HelmPods) -> None:
+    """Issue 42, part 3, on this amd64 node under emulation: the chart installed again with `image.digest` set to
+    the arm64 image of the operator's index (never the index, so the node cannot pick amd64), its Pod Ready and its
+    programs run as aarch64; the uninstalled release's claim deleted (its machine powered off by this operator), the
+    slot's startup Job switched to the arm64 image of the redfish power example (its curl calls the machine room),
+    and a new claim booted through it."""
+    s = stack
+    assert s.room is not None
+    repository, _, tag = s.chart_images[1][OPERATOR].rpartition(":")
+    digest = s.registry.platform_digest(repository.split("/", 1)[1], tag, "linux/arm64")
+    power = arm64_power_image(s, "power-redfish")
+    s.write_values(s.chart_images[1], digest)
+    with s.phase("arm64: helm install --wait by digest"):
+        places = {"VERSION": str(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]),
+                  "REGISTRY": s.registry.address}  # fmt: skip
+        s.helm.run([*documented("helm install homelab-autoscaler oci://", **places), "--plain-http", "-f",
+                    "my-values.yaml"], timeout=900)  # fmt: skip
+        wait_until("the arm64 operator Pod Ready on the node", lambda: s.arm64_operator_ready(digest), within=600)
+    pod = s.operator_pod()
+    exec_ = ["-n", NS, "exec", pod, "-c", "homelab-autoscaler", "--"]
+    machine = s.cluster.kubectl(*exec_, "uname", "-m").stdout.strip()
+    version = s.cluster.kubectl(*exec_, "homelab-autoscaler", "--version").stdout.strip()
+    node_arch = s.core().read_node(NODE_NAME).status.node_info.architecture
+    print(
+        f"\narm64: the operator Pod {pod} runs {repository}@{digest} on node {NODE_NAME} ({node_arch}): "
+        f"`uname -m` says {machine}, `homelab-autoscaler --version` says {version}"
+    )
+    assert machine == "aarch64" and node_arch == "amd64"
+    assert version == f"homelab-autoscaler {releases.current()}"
+    calls = len(s.room.calls_of(SLOT, "on"))
+    with s.phase("arm64: a machine off and booted again through the arm64 power image"):
+        s.cluster.kubectl("-n", NS, "delete", "nodeclaim", CLAIM, "--wait=false")
+        wait_until(f"claim {CLAIM} gone, its machine off", lambda: s.claim(CLAIM) is None, within=300)
+        startup = {**power_spec(s, "on"), "image": power, "command": ["sh", "-c", ARM64_STARTUP]}
+        s.cluster.kubectl("-n", NS, "patch", f"nodes.{names.GROUP}", SLOT, "--type=merge", "-p",
+                          json.dumps({"spec": {"startupPodSpec": startup}}))  # fmt: skip
+        s.cluster.kubectl("apply", "-f", "-", input=hand_claim(ARM64_CLAIM, SLOT))
+        wait_until(f"claim {ARM64_CLAIM} ready", lambda: phase(s.claim(ARM64_CLAIM) or {}) == "ready", within=300)
+    (job_pod,) = s.core().list_namespaced_pod(NS, label_selector=f"job-name={ARM64_CLAIM}-startup").items
+    (status,) = job_pod.status.container_statuses
+    log = s.cluster.kubectl("-n", NS, "logs", job_pod.metadata.name).stdout
+    print(
+        f"arm64: the startup Job Pod {job_pod.metadata.name} ran {job_pod.spec.containers[0].image} "
+        f"(exit {status.state.terminated.exit_code}); it printed:\n{log.strip()}"
+    )
+    assert job_pod.spec.node_name == NODE_NAME and status.state.terminated.exit_code == 0
+    assert "aarch64" in log and f"{SLOT} on" in log, log
+    assert len(s.room.calls_of(SLOT, "on")) == calls + 1, s.room.calls
+    assert node_ready(s, SLOT)
 
 
 def test_zz_the_node_is_gone_and_nothing_of_the_run_is_left(stack: HelmPods) -> None:

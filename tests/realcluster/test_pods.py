@@ -548,17 +548,8 @@ def test_a_rollout_of_a_new_image_while_claims_are_in_flight(pods: PodStack) -> 
     # The old store is kept to read (docs/upgrades.md), the new one is in use.
     assert core(s).read_namespaced_persistent_volume_claim("data-temporal-0", NS).metadata.uid == old_volume
     for name in names:
-        describe_claim(s, name)  # the claim's workflow runs on the new Temporal
+        s.describe_claim(name)  # the claim's workflow runs on the new Temporal
     GUIDE.append(("(the Web UI after the upgrade)", "run: " + web_ui_lists(s, names)))
-
-
-def describe_claim(s: PodStack, name: str) -> dict[str, Any]:
-    """`temporal workflow describe` of a claim's workflow, from the operator's Pod (its image has the CLI)."""
-    described = s.cluster.kubectl("-n", NS, "exec", "deployment/homelab-autoscaler", "-c", "homelab-autoscaler", "--",
-                                  "temporal", "workflow", "describe", "--workflow-id", f"nodeclaim/{NS}/{name}",
-                                  "--address", "temporal-frontend:7233", "--output", "json").stdout  # fmt: skip
-    info = json.loads(described)
-    return dict(info.get("workflowExecutionInfo") or info.get("execution_info") or info)
 
 
 def web_ui_lists(s: PodStack, names: list[str]) -> str:
@@ -666,7 +657,7 @@ def test_the_temporal_pods_deleted_mid_boot(pods: PodStack) -> None:
             NS, label_selector=f"app.kubernetes.io/name=temporal,app.kubernetes.io/component={component}").items
             if p.metadata.deletion_timestamp is None]  # fmt: skip
         assert pod.metadata.uid != deleted["uid"] and pod.spec.node_name == NODE_NAME
-        execution = describe_claim(s, name)
+        execution = s.describe_claim(name)
         started = str(execution.get("startTime") or execution.get("start_time"))
         assert started and _epoch(started) < deleted["at"], f"{name}'s workflow started {started}: {execution}"
         once_each(s, [name])

@@ -33,7 +33,11 @@ metadata:
 {{- end }}
 
 {{- define "homelab-autoscaler.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end }}
 
 {{/* The operator's ServiceAccount as the API server names it in a request (the webhook spares its writes). */}}

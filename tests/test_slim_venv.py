@@ -1,0 +1,113 @@
+"""The image's virtualenv slimming (tools/slim_venv.py, issue 42): what it packs, what it removes, and that what it
+packs still imports, with its sources for tracebacks and its bytecode so nothing compiles at start."""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import subprocess
+import venv
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.procs import ROOT
+
+TOOL: dict[str, Any] = runpy.run_path(str(ROOT / "tools" / "slim_venv.py"))
+PROJECT = ("api", "domain", "kube", "workflows", "activities", "watchers", "provider", "admission", "proto",
+           "homelab_autoscaler")  # fmt: skip
+
+
+def _write(path: Path, text: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_only_pure_python_that_reads_nothing_beside_it_is_packed(tmp_path: Path) -> None:
+    packable = TOOL["packable"]
+    _write(tmp_path / "pure" / "__init__.py", "X = 1\n")
+    _write(tmp_path / "pure" / "sub" / "__init__.py")
+    _write(tmp_path / "native" / "__init__.py")
+    _write(tmp_path / "native" / "_speed.cpython-311-x86_64-linux-gnu.so", "ELF")
+    _write(tmp_path / "reads" / "__init__.py", "import os\nHERE = os.path.dirname(__file__)\n")
+    _write(tmp_path / "namespace" / "part.py")  # no __init__: its other parts may be elsewhere
+    _write(tmp_path / "pure-1.0.dist-info" / "METADATA")
+    _write(tmp_path / "single.py", "Y = 2\n")
+    assert packable(tmp_path / "pure") and packable(tmp_path / "single.py")
+    for name in ("native", "reads", "namespace", "pure-1.0.dist-info"):
+        assert not packable(tmp_path / name), name
+
+
+def test_what_no_pod_runs_is_removed_and_said(tmp_path: Path) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    _write(site / "pip" / "__init__.py")
+    _write(site / "pip-23.0.dist-info" / "RECORD")
+    _write(site / "kubernetes" / "aio" / "client.py", "x" * 100)
+    _write(site / "kubernetes" / "client" / "api.py")
+    _write(site / "kubernetes" / "config" / "kube_config_test.py")
+    _write(site / "grpc" / "__init__.pyi")
+    _write(site / "kubernetes-37.dist-info" / "tests" / "odd")  # a dist-info is never touched
+    _write(tmp_path / "venv" / "bin" / "pip")
+    gone = dict(TOOL["remove"](site, TOOL["UNUSED"], TOOL["UNUSED_INSIDE"]))
+    assert gone["kubernetes/aio"] == 100
+    assert {"pip", "pip-23.0.dist-info", "kubernetes/config/kube_config_test.py", "grpc/__init__.pyi"} <= set(gone)
+    assert (site / "kubernetes" / "client" / "api.py").exists()
+    assert (site / "kubernetes-37.dist-info" / "tests" / "odd").exists()
+    assert not (tmp_path / "venv" / "bin" / "pip").exists()
+
+
+def test_a_packed_package_imports_from_the_zip_with_bytecode_and_source_lines(tmp_path: Path) -> None:
+    """A real virtualenv: the package packed, found through the .pth line, its bytecode used as is (unchecked hash),
+    and a traceback from it shows the line of source."""
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env)
+    site = TOOL["site_packages"](env)
+    _write(site / "lab" / "__init__.py", "from lab.inner import fail\n")
+    _write(site / "lab" / "inner.py", "def fail():\n    raise ValueError('from the zip')  # the line\n")
+    size = TOOL["pack"](site, ["lab"])
+    assert size > 0 and not (site / "lab").exists()
+    names = set(zipfile.ZipFile(site / TOOL["ZIP_NAME"]).namelist())
+    assert {"lab/__init__.py", "lab/__init__.pyc", "lab/inner.py", "lab/inner.pyc"} <= names
+    script = "import lab, traceback\ntry:\n    lab.fail()\nexcept ValueError:\n    traceback.print_exc()\n" \
+             "print(lab.__file__)"  # fmt: skip
+    done = subprocess.run([str(env / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "site-packages.zip/lab/__init__.pyc" in done.stdout
+    assert "raise ValueError('from the zip')  # the line" in done.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_the_product_imports_nothing_the_image_leaves_out() -> None:
+    """What slim_venv removes is never imported by the product (import-linter checks pip and setuptools; it cannot
+    name kubernetes.aio, a part of an external package)."""
+    removed = ("kubernetes.aio", "pip", "setuptools", "pkg_resources")
+    found = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in PROJECT
+        for path in (ROOT / package).rglob("*.py")
+        for name in _imports(path)
+        if any(name == r or name.startswith(r + ".") for r in removed)
+    }
+    assert not found
+
+
+@pytest.mark.parametrize("module", ["kubernetes", "yaml"])
+def test_the_packing_rule_on_the_real_dependencies(module: str) -> None:
+    """The rule against this machine's installed dependencies: the Kubernetes client (the bulk of what is packed)
+    is packable; PyYAML, with its extension module, is not."""
+    spec_dir = Path(__import__(module).__file__ or "").parent
+    assert TOOL["packable"](spec_dir) is (module == "kubernetes")

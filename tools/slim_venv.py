@@ -1,0 +1,181 @@
+"""The image's virtualenv cut to what a Pod runs (issue 42), in the Dockerfile's build stage after `pip check`.
+
+- Removed, as never run in a Pod: pip and setuptools (no installer in a running image), the asyncio twin of the
+  Kubernetes client (`kubernetes.aio`: the operator uses the threaded client, and .importlinter forbids the twin),
+  the Rust sources temporalio's wheel carries beside its compiled bridge, type stubs, and the tests wheels ship.
+- Packed: every pure-Python top-level package or module (no extension module, no module that finds files beside it
+  through `__file__`) goes into one zip on sys.path, read by Python's zipimport: its sources with bytecode compiled
+  now (unchecked-hash, so nothing is compiled or checked at start and tracebacks keep their lines). The project's
+  own packages stay plain files, to be read in a running Pod.
+
+    python slim_venv.py VENV --check PACKAGE ...    prints what it removed and packed, in MB
+
+`--check` names the project's packages: every module of each is imported afterwards by the venv's Python, so a
+dependency that cannot run from the zip, or a removed part something imports, fails the build, not a Pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+# Paths under site-packages that no Pod runs (globs; a directory goes with everything in it).
+UNUSED = (
+    "pip", "pip-*.dist-info", "setuptools", "setuptools-*.dist-info", "pkg_resources", "_distutils_hack",
+    "distutils-precedence.pth", "kubernetes/aio", "temporalio/bridge/sdk-core", "*-stubs",
+)  # fmt: skip
+# Inside any package: tests and type stubs.
+UNUSED_INSIDE = ("tests", "test", "*_test.py", "test_*.py", "*.pyi")
+ZIP_NAME = "site-packages.zip"
+# Run by the venv's Python: every module of the packages named, and that the packed ones came from the zip.
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+skip = set(sys.argv[1].split(","))
+for top in sys.argv[2:]:
+    package = importlib.import_module(top)
+    for module in pkgutil.walk_packages(package.__path__, top + "."):
+        if module.name not in skip:
+            importlib.import_module(module.name)
+import kubernetes
+assert ".zip" in kubernetes.__file__, kubernetes.__file__
+"""
+PTH_NAME = "site-packages-zip.pth"
+EXTENSIONS = (".so", ".pyd")
+
+
+def site_packages(venv: Path) -> Path:
+    (found,) = venv.glob("lib/python3*/site-packages")
+    return found
+
+
+def size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() or f.is_symlink())
+
+
+def _sources(path: Path) -> Iterator[Path]:
+    """A package's modules, less the tests `remove` deletes anyway."""
+    for f in [path] if path.is_file() else sorted(path.rglob("*.py")):
+        parts = f.relative_to(path.parent).parts
+        if not any(fnmatch.fnmatch(part, pattern) for part in parts for pattern in UNUSED_INSIDE):
+            yield f
+
+
+def packable(path: Path) -> bool:
+    """A top-level package or module zipimport can load as it is: pure Python, reading nothing beside it by path
+    (pure: tests/test_slim_venv.py)."""
+    if path.name.endswith((".dist-info", ".egg-info", ".data")) or path.name in ("__pycache__", "bin"):
+        return False
+    if path.is_file():
+        return path.suffix == ".py"
+    if not (path / "__init__.py").exists():
+        return False  # a namespace package's parts may live elsewhere (google/, for one)
+    if any(f.suffix in EXTENSIONS or f.name.endswith(EXTENSIONS) for f in path.rglob("*") if f.is_file()):
+        return False
+    return not any("__file__" in f.read_text(errors="replace") for f in _sources(path))
+
+
+def remove(site: Path, patterns: Iterable[str], inside: Iterable[str]) -> list[tuple[str, int]]:
+    """Delete what matches; what went and its size in bytes."""
+    gone: list[tuple[str, int]] = []
+    for pattern in patterns:
+        for path in sorted(site.glob(pattern)):
+            gone.append((str(path.relative_to(site)), size(path)))
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for pattern in inside:
+        for path in sorted(site.glob(f"*/**/{pattern}")):
+            if path.exists() and not path.relative_to(site).parts[0].endswith(".dist-info"):
+                gone.append((str(path.relative_to(site)), size(path)))
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for bin_script in ("pip", "pip3", f"pip3.{sys.version_info.minor}"):
+        (site.parents[2] / "bin" / bin_script).unlink(missing_ok=True)
+    return gone
+
+
+def pack(site: Path, names: list[str]) -> int:
+    """`names` (top-level packages and modules of `site`) moved into one zip with their bytecode; its size."""
+    archive = site / ZIP_NAME
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z,
+    ):
+        compiled = Path(scratch) / "module.pyc"
+        for name in names:
+            top = site / name
+            for f in [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file()):
+                if "__pycache__" in f.parts or f.suffix == ".pyc":
+                    continue
+                arc = f.relative_to(site).as_posix()
+                z.write(f, arc)
+                if f.suffix == ".py":
+                    py_compile.compile(str(f), cfile=str(compiled), dfile=f"{archive}/{arc}", doraise=True,
+                                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)  # fmt: skip
+                    z.write(compiled, arc + "c")
+    for name in names:
+        top = site / name
+        shutil.rmtree(top) if top.is_dir() else top.unlink()
+        if top.suffix == ".py":
+            for cached in (site / "__pycache__").glob(f"{top.stem}.*.pyc"):
+                cached.unlink()
+    # A path line in a .pth file is appended to sys.path at start (site.py), after site-packages itself.
+    (site / PTH_NAME).write_text(f"{archive}\n")
+    return archive.stat().st_size
+
+
+def strip(site: Path) -> int:
+    """binutils' strip on every extension module (the symbols the loader needs stay); the bytes it saved."""
+    libraries = sorted(f for f in site.rglob("*.so*") if f.is_file() and not f.is_symlink())
+    before = sum(f.stat().st_size for f in libraries)
+    if libraries:
+        subprocess.run(["strip", "--strip-unneeded", *map(str, libraries)], check=True, timeout=600)
+    return before - sum(f.stat().st_size for f in libraries)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("venv", type=Path)
+    parser.add_argument("--check", nargs="+", default=[], help="the project's packages, imported module by module")
+    parser.add_argument("--skip", default="", help="modules --check leaves out, comma-separated (a dev tool's)")
+    parser.add_argument("--strip", action="store_true", help="extension modules without their symbol tables")
+    args = parser.parse_args(argv)
+    site = site_packages(args.venv)
+    before = size(args.venv)
+    gone = remove(site, UNUSED, UNUSED_INSIDE)
+    names = sorted(p.name for p in site.iterdir() if p.name not in args.check and packable(p))
+    plain = sum(size(site / n) for n in names)
+    zipped = pack(site, names)
+    stripped = strip(site) if args.strip else 0
+    # From an empty directory: the build's working directory holds the sources, which must not stand in for the
+    # installed packages.
+    with tempfile.TemporaryDirectory() as elsewhere:
+        check = subprocess.run([str(args.venv / "bin" / "python"), "-c", IMPORT_ALL, args.skip, *args.check],
+                               capture_output=True, text=True, timeout=600, cwd=elsewhere)  # fmt: skip
+    if check.returncode != 0:
+        raise SystemExit(f"slim_venv: the slimmed virtualenv cannot import the project:\n{check.stderr[-3000:]}")
+    mb = 1e6
+    named = [p for p, _ in gone if any(fnmatch.fnmatch(p, pattern) for pattern in UNUSED)]
+    print(
+        f"slim_venv: removed {sum(n for _, n in gone) / mb:.1f} MB never run: {', '.join(named)}, and "
+        f"{len(gone) - len(named)} tests and stubs inside packages"
+    )
+    print(
+        f"slim_venv: packed {len(names)} pure-Python packages, {plain / mb:.1f} MB as files, into "
+        f"{ZIP_NAME} of {zipped / mb:.1f} MB"
+    )
+    if args.strip:
+        print(f"slim_venv: stripped extension modules' symbol tables: {stripped / mb:.1f} MB")
+    print(f"slim_venv: {args.venv} {before / mb:.1f} MB -> {size(args.venv) / mb:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
