@@ -105,9 +105,38 @@ def test_the_product_imports_nothing_the_image_leaves_out() -> None:
     assert not found
 
 
-@pytest.mark.parametrize("module", ["kubernetes", "yaml"])
-def test_the_packing_rule_on_the_real_dependencies(module: str) -> None:
+@pytest.mark.parametrize(("module", "packed"), [("kubernetes", True), ("pydantic", True), ("yaml", False)])
+def test_the_packing_rule_on_the_real_dependencies(module: str, packed: bool) -> None:
     """The rule against this machine's installed dependencies: the Kubernetes client (the bulk of what is packed)
-    is packable; PyYAML, with its extension module, is not."""
+    and pydantic (its `__file__` only names its path) are packable; PyYAML, with its extension module, is not."""
     spec_dir = Path(__import__(module).__file__ or "").parent
-    assert TOOL["packable"](spec_dir) is (module == "kubernetes")
+    assert TOOL["packable"](spec_dir) is packed
+
+
+def test_generated_modules_keep_only_their_bytecode_and_still_import(tmp_path: Path) -> None:
+    """A dependency's generated protobuf module left as a file: its bytecode beside where the source was, loaded
+    without it; the project's own (`keep`) untouched."""
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env)
+    site = TOOL["site_packages"](env)
+    _write(site / "dep" / "__init__.py")
+    _write(site / "dep" / "thing_pb2.py", "DESCRIPTOR = b'x' * 10\n")
+    _write(site / "dep" / "__pycache__" / "thing_pb2.cpython-311.pyc", "stale")
+    _write(site / "ours" / "__init__.py")
+    _write(site / "ours" / "mine_pb2.py", "MINE = 1\n")
+    TOOL["bytecode_only"](site, keep=["ours"])
+    assert not (site / "dep" / "thing_pb2.py").exists() and (site / "dep" / "thing_pb2.pyc").exists()
+    assert not list((site / "dep" / "__pycache__").glob("thing_pb2.*"))
+    assert (site / "ours" / "mine_pb2.py").exists()
+    done = subprocess.run([str(env / "bin" / "python"), "-c", "import dep.thing_pb2 as t; print(len(t.DESCRIPTOR))"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "10", done.stderr
+
+
+def test_a_dependencys_unused_integrations_go_and_the_used_one_stays(tmp_path: Path) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    for name in ("__init__.py", "pydantic.py", "openai_agents/__init__.py", "aws/s3.py"):
+        _write(site / "temporalio" / "contrib" / name)
+    gone = dict(TOOL["remove"](site, (), ()))
+    assert set(gone) == {"temporalio/contrib/openai_agents", "temporalio/contrib/aws"}
+    assert (site / "temporalio" / "contrib" / "pydantic.py").exists()

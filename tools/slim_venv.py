@@ -1,12 +1,15 @@
 """The image's virtualenv cut to what a Pod runs (issue 42), in the Dockerfile's build stage after `pip check`.
 
 - Removed, as never run in a Pod: pip and setuptools (no installer in a running image), the asyncio twin of the
-  Kubernetes client (`kubernetes.aio`: the operator uses the threaded client, and .importlinter forbids the twin),
-  the Rust sources temporalio's wheel carries beside its compiled bridge, type stubs, and the tests wheels ship.
+  Kubernetes client (`kubernetes.aio`: the operator uses the threaded client; tests/test_slim_venv.py holds the
+  project to never importing it),
+  the Rust sources temporalio's wheel carries beside its compiled bridge, temporalio's integrations but the one the
+  project uses (the others need packages it never installs), type stubs, and the tests wheels ship.
 - Packed: every pure-Python top-level package or module (no extension module, no module that finds files beside it
   through `__file__`) goes into one zip on sys.path, read by Python's zipimport: its sources with bytecode compiled
   now (unchecked-hash, so nothing is compiled or checked at start and tracebacks keep their lines). The project's
-  own packages stay plain files, to be read in a running Pod.
+  own packages stay plain files, to be read in a running Pod. Generated protobuf modules of the dependencies left
+  as files keep only their bytecode (their source is a serialized descriptor).
 
     python slim_venv.py VENV --check PACKAGE ...    prints what it removed and packed, in MB
 
@@ -32,8 +35,18 @@ UNUSED = (
     "pip", "pip-*.dist-info", "setuptools", "setuptools-*.dist-info", "pkg_resources", "_distutils_hack",
     "distutils-precedence.pth", "kubernetes/aio", "temporalio/bridge/sdk-core", "*-stubs",
 )  # fmt: skip
+# Optional integrations of a dependency, all but the ones the project uses (the rest need packages it never installs,
+# so they could not even be imported): directory -> what stays.
+INTEGRATIONS = {"temporalio/contrib": ("__init__.py", "pydantic.py")}
 # Inside any package: tests and type stubs.
 UNUSED_INSIDE = ("tests", "test", "*_test.py", "test_*.py", "*.pyi")
+# Packages that mention `__file__` only to name where they are, never to read a file beside them: zip-safe.
+NAMES_ITS_PATH_ONLY = {
+    "pydantic": "version_info() prints its install path",
+    "pycparser": "_ast_gen.py, a generator run when pycparser is built, finds its template",
+}
+# Generated protobuf modules: their source is a serialized descriptor no person reads, so only bytecode is kept.
+GENERATED = ("*_pb2.py", "*_pb2_grpc.py")
 ZIP_NAME = "site-packages.zip"
 # Run by the venv's Python: every module of the packages named, and that the packed ones came from the zip.
 IMPORT_ALL = """
@@ -81,7 +94,8 @@ def packable(path: Path) -> bool:
         return False  # a namespace package's parts may live elsewhere (google/, for one)
     if any(f.suffix in EXTENSIONS or f.name.endswith(EXTENSIONS) for f in path.rglob("*") if f.is_file()):
         return False
-    return not any("__file__" in f.read_text(errors="replace") for f in _sources(path))
+    return path.name in NAMES_ITS_PATH_ONLY or not any("__file__" in f.read_text(errors="replace")
+                                                        for f in _sources(path))  # fmt: skip
 
 
 def remove(site: Path, patterns: Iterable[str], inside: Iterable[str]) -> list[tuple[str, int]]:
@@ -94,6 +108,11 @@ def remove(site: Path, patterns: Iterable[str], inside: Iterable[str]) -> list[t
     for pattern in inside:
         for path in sorted(site.glob(f"*/**/{pattern}")):
             if path.exists() and not path.relative_to(site).parts[0].endswith(".dist-info"):
+                gone.append((str(path.relative_to(site)), size(path)))
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for directory, stays in INTEGRATIONS.items():
+        for path in sorted((site / directory).glob("*")) if (site / directory).is_dir() else []:
+            if path.name not in stays and path.name != "__pycache__":
                 gone.append((str(path.relative_to(site)), size(path)))
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     for bin_script in ("pip", "pip3", f"pip3.{sys.version_info.minor}"):
@@ -140,6 +159,25 @@ def strip(site: Path) -> int:
     return before - sum(f.stat().st_size for f in libraries)
 
 
+def bytecode_only(site: Path, keep: Iterable[str] = (), patterns: Iterable[str] = GENERATED) -> int:
+    """The generated modules left as files (in packages with extension modules) as bytecode beside where their source
+    was, which Python loads without the source; the bytes it saved."""
+    saved = 0
+    for pattern in patterns:
+        for source in sorted(site.rglob(pattern)):
+            if source.relative_to(site).parts[0] in keep:
+                continue
+            compiled = source.with_suffix(".pyc")
+            py_compile.compile(str(source), cfile=str(compiled), dfile=str(source), doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)  # fmt: skip
+            saved += source.stat().st_size - compiled.stat().st_size
+            source.unlink()
+            for cached in (source.parent / "__pycache__").glob(f"{source.stem}.*.pyc"):
+                saved += cached.stat().st_size
+                cached.unlink()
+    return saved
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("venv", type=Path)
@@ -153,6 +191,7 @@ def main(argv: list[str]) -> int:
     names = sorted(p.name for p in site.iterdir() if p.name not in args.check and packable(p))
     plain = sum(size(site / n) for n in names)
     zipped = pack(site, names)
+    generated = bytecode_only(site, keep=args.check)
     stripped = strip(site) if args.strip else 0
     # From an empty directory: the build's working directory holds the sources, which must not stand in for the
     # installed packages.
@@ -163,14 +202,17 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"slim_venv: the slimmed virtualenv cannot import the project:\n{check.stderr[-3000:]}")
     mb = 1e6
     named = [p for p, _ in gone if any(fnmatch.fnmatch(p, pattern) for pattern in UNUSED)]
+    integrations = [p for p, _ in gone if any(p.startswith(d + "/") for d in INTEGRATIONS)]
     print(
-        f"slim_venv: removed {sum(n for _, n in gone) / mb:.1f} MB never run: {', '.join(named)}, and "
-        f"{len(gone) - len(named)} tests and stubs inside packages"
+        f"slim_venv: removed {sum(n for _, n in gone) / mb:.1f} MB never run: {', '.join(named)}, "
+        f"{len(integrations)} unused integrations ({', '.join(integrations)}), and "
+        f"{len(gone) - len(named) - len(integrations)} tests and stubs inside packages"
     )
     print(
         f"slim_venv: packed {len(names)} pure-Python packages, {plain / mb:.1f} MB as files, into "
         f"{ZIP_NAME} of {zipped / mb:.1f} MB"
     )
+    print(f"slim_venv: generated protobuf modules as bytecode only: {generated / mb:.1f} MB less")
     if args.strip:
         print(f"slim_venv: stripped extension modules' symbol tables: {stripped / mb:.1f} MB")
     print(f"slim_venv: {args.venv} {before / mb:.1f} MB -> {size(args.venv) / mb:.1f} MB")

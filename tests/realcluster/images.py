@@ -43,6 +43,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificate
 # /usr merged as debootstrap (and so the official images) does it, by directory symlinks and usr-is-merged: without
 # it, mmdebstrap's bookworm installs the usrmerge package, which pulls in all of perl (50 MB).
 MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
+# Issue 42's bounds on the operator's image, each platform: in all, and what the Dockerfile adds to its base.
+OPERATOR_MAX_MB, OPERATOR_ADDS_MAX_MB = 250, 120
 # The platforms an image of ours is built for (issue 42): one tag, an OCI image index of both.
 PLATFORMS = ("linux/amd64", "linux/arm64")
 # What Debian's official slim images leave out of every package (debuerreotype's slimify: documentation, manuals,
@@ -360,19 +362,21 @@ class Builder:
         print(f"image {name} index of {result.platform} ({local})", flush=True)
         return result
 
-    def say_sizes(self, built: Built, bases: list[Built] | None = None) -> list[str]:
-        """`image <name> <platform> <MB> MB` per platform of an image (issue 42's line), with the base's share."""
-        lines = []
+    def say_sizes(self, built: Built, bases: list[Built] | None = None) -> list[tuple[str, float, float]]:
+        """`image <name> <platform> <MB> MB` per platform of an image (issue 42's line), with the base's share; per
+        platform (platform, MB, MB over the base)."""
+        sizes = []
         for member in built.members or (built,):
             mb = self.size(member) / 1e6
             line = f"image {built.name} {member.platform} {mb:.0f} MB"
+            base_mb = 0.0
             if bases is not None:
                 (own_base,) = [b for b in bases if b.platform == member.platform]
                 base_mb = self.size(own_base) / 1e6
                 line += f" (base {base_mb:.0f} MB, the Dockerfile adds {mb - base_mb:.0f} MB)"
             print(line, flush=True)
-            lines.append(line)
-        return lines
+            sizes.append((member.platform, mb, mb - base_mb))
+        return sizes
 
     def run_in(self, built: Built, *command: str, timeout: float = 300) -> str:
         """What `command` prints in a container of the image (its platform's, under emulation when foreign)."""

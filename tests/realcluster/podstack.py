@@ -27,7 +27,16 @@ from tests import releases
 from tests.procs import free_port
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
 from tests.realcluster.executor import Executor, Machine
-from tests.realcluster.images import Builder, Built, Registry, export_commit, previous_image_commit, resolve_commit
+from tests.realcluster.images import (
+    OPERATOR_ADDS_MAX_MB,
+    OPERATOR_MAX_MB,
+    Builder,
+    Built,
+    Registry,
+    export_commit,
+    previous_image_commit,
+    resolve_commit,
+)
 from tests.realcluster.machineroom import MachineRoom
 from tests.realcluster.node import (
     CONTROL_PLANE_LABEL,
@@ -195,7 +204,14 @@ class PodStack:
             bases = [base, b.python_base("linux/arm64")]
             operators = [b.operator(base=each) for each in bases]
             self.built["homelab-autoscaler"] = b.index("homelab-autoscaler", operators)
-            b.say_sizes(self.built["homelab-autoscaler"], bases)
+            for platform, mb, added in b.say_sizes(self.built["homelab-autoscaler"], bases):
+                assert mb <= OPERATOR_MAX_MB and added <= OPERATOR_ADDS_MAX_MB, (
+                    f"the operator's {platform} image is {mb:.1f} MB, {added:.1f} MB over its base: issue 42 bounds "
+                    f"them at {OPERATOR_MAX_MB} and {OPERATOR_ADDS_MAX_MB} MB (tools/slim_venv.py says what it left)"
+                )
+            for each in operators:  # the foreign one under emulation: what the build made runs there
+                said = b.run_in(each, "sh", "-c", "echo $(uname -m): $(homelab-autoscaler --version)")
+                print(f"image homelab-autoscaler {each.platform} runs: {said}", flush=True)
             # The release before this checkout's, for the rollout while claims are in flight: tests/releases.py's
             # previous release (the one `make upgrade` upgrades from, the supported upgrade), built from its own
             # Dockerfile; with none recorded, the nearest earlier commit whose image differs (a clone without it
