@@ -5,16 +5,18 @@
   project to never importing it),
   the Rust sources temporalio's wheel carries beside its compiled bridge, temporalio's integrations but the one the
   project uses (the others need packages it never installs), type stubs, and the tests wheels ship.
-- Packed: every pure-Python top-level package or module (no extension module, no module that finds files beside it
-  through `__file__`) goes into one zip on sys.path, read by Python's zipimport: its sources with bytecode compiled
-  now (unchecked-hash, so nothing is compiled or checked at start and tracebacks keep their lines). The project's
+- Packed: every pure-Python top-level package or module (no extension module, nothing that needs a real file beside
+  it: `__file__` paths, importlib.resources' `as_file`) goes into one zip on sys.path, read by Python's zipimport:
+  its sources with bytecode compiled now (unchecked-hash, so nothing is compiled or checked at start and tracebacks
+  keep their lines). The project's
   own packages stay plain files, to be read in a running Pod. Generated protobuf modules of the dependencies left
   as files keep only their bytecode (their source is a serialized descriptor).
 
     python slim_venv.py VENV --check PACKAGE ...    prints what it removed and packed, in MB
 
-`--check` names the project's packages: every module of each is imported afterwards by the venv's Python, so a
-dependency that cannot run from the zip, or a removed part something imports, fails the build, not a Pod.
+`--check` names the project's packages: every module of each is imported afterwards by the venv's Python with no
+temporary files to be had (a Pod's root file system is read-only), so a dependency that cannot run from the zip, or a
+removed part something imports, fails the build, not a Pod.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +43,10 @@ UNUSED = (
 INTEGRATIONS = {"temporalio/contrib": ("__init__.py", "pydantic.py")}
 # Inside any package: tests and type stubs.
 UNUSED_INSIDE = ("tests", "test", "*_test.py", "test_*.py", "*.pyi")
+# What, in a package's source, asks for a real file beside it: a path from `__file__`, or importlib.resources'
+# `as_file` (which, from a zip, writes the resource to a temporary file: a Pod's root file system is read-only).
+NEEDS_A_FILE = re.compile(r"\b__file__\b|from importlib[._]resources import [^\n]*\bas_file\b|resources\.as_file\(|"
+                          r"resource_filename\(")  # fmt: skip
 # Packages that mention `__file__` only to name where they are, never to read a file beside them: zip-safe.
 NAMES_ITS_PATH_ONLY = {
     "pydantic": "version_info() prints its install path",
@@ -50,7 +57,10 @@ GENERATED = ("*_pb2.py", "*_pb2_grpc.py")
 ZIP_NAME = "site-packages.zip"
 # Run by the venv's Python: every module of the packages named, and that the packed ones came from the zip.
 IMPORT_ALL = """
-import importlib, pkgutil, sys
+import importlib, pkgutil, sys, tempfile
+def no_temporary_files(*args, **kwargs):
+    raise OSError("a Pod's root file system is read-only: nothing may need a temporary file to import")
+tempfile.mkstemp = tempfile.mkdtemp = tempfile.gettempdir = no_temporary_files
 skip = set(sys.argv[1].split(","))
 for top in sys.argv[2:]:
     package = importlib.import_module(top)
@@ -94,8 +104,9 @@ def packable(path: Path) -> bool:
         return False  # a namespace package's parts may live elsewhere (google/, for one)
     if any(f.suffix in EXTENSIONS or f.name.endswith(EXTENSIONS) for f in path.rglob("*") if f.is_file()):
         return False
-    return path.name in NAMES_ITS_PATH_ONLY or not any("__file__" in f.read_text(errors="replace")
-                                                        for f in _sources(path))  # fmt: skip
+    if path.name in NAMES_ITS_PATH_ONLY:
+        return True
+    return not any(NEEDS_A_FILE.search(f.read_text(errors="replace")) for f in _sources(path))
 
 
 def remove(site: Path, patterns: Iterable[str], inside: Iterable[str]) -> list[tuple[str, int]]:
