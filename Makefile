@@ -149,7 +149,8 @@ e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and c
 
 # The power examples against real BMCs (issue 31; root, network namespaces, runc): tests/machineroom/setup.sh installs
 # Debian's ipmi_sim, runc, buildah and mmdebstrap and sushy-tools in a Python of its own; images.sh builds the examples'
-# images from deploy/examples/power/images (cached by content; ~5 min cold); the run prints a table with each
+# images from deploy/examples/power/images for amd64 and arm64 (cached by content; ~8 min cold, arm64 under
+# emulation), each image's `image <name> <platform> <MB> MB` line; the run prints a table with each
 # method's time. Two sides: the script side (test_power.py) runs each example's container under runc in the machine
 # room; the claim side (test_claims_real.py) applies each example's slot to the product on the real node of
 # `make e2e-pods` (so it needs that tier's binaries and packages), joined to the room's LAN. docs/power-methods.md.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the machine room and the power images need, installed by the project (idempotent; run by `make e2e-power`):
-# Debian's packages (OpenIPMI's ipmi_sim, runc, buildah, mmdebstrap, iproute2, nftables), and a Python of the
+# Debian's packages (OpenIPMI's ipmi_sim, runc, buildah, mmdebstrap, iproute2, nftables; qemu-user-static and
+# arch-test for the images' arm64 builds, issue 42), and a Python of the
 # machine room's own with sushy-tools (the Redfish emulator; bcrypt for its htpasswd), kept out of the project's
 # virtualenv. Prints that Python's directory last.
 #
@@ -14,7 +15,7 @@ if [[ "${1:-}" == "--where" ]]; then
   echo "$venv"
   exit 0
 fi
-packages=(openipmi runc buildah mmdebstrap iproute2 nftables util-linux)
+packages=(openipmi runc buildah mmdebstrap iproute2 nftables util-linux qemu-user-static arch-test)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
