@@ -76,7 +76,11 @@ CLAIM = "machine-1-by-hand"
 SLOT = "machine-1"
 BOOT_SECONDS = 3.0  # from the BMC's yes to the machine's kubelet
 WATCH_LEASE = "homelab-autoscaler-watch"
+CERTS_JOBS = "app.kubernetes.io/name=homelab-autoscaler,app.kubernetes.io/component=certs"
 ARM64_CLAIM = "machine-1-on-arm64"
+# The certs step under emulation: qemu's translated code counts against the container's memory, and the chart's
+# 128Mi limit (ample on either platform's hardware) saw it OOMKilled here.
+EMULATED_CERTS = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}}
 # The redfish example's tool (curl) posting to the machine room as its BMC, saying where it ran.
 ARM64_STARTUP = (
     'echo "$(uname -m) $(curl --version | head -n 1)" && '
@@ -121,14 +125,14 @@ class HelmPods(PodStack, ChartReads):
         self.chart_images = (installed, upgraded)
         return self
 
-    def write_values(self, images: dict[str, str], digest: str = "") -> None:
+    def write_values(self, images: dict[str, str], digest: str = "", **more: Any) -> None:
         """The run's values file: the operator's image and the bundled Temporal's, as `repository` and `tag`; the
-        operator's pinned to `digest` when given."""
+        operator's pinned to `digest` when given; `more` values beside them."""
         bundled = {}
         for name, key in TEMPORAL_VALUES.items():
             repository, _, tag = images[name].rpartition(":")
             bundled[key] = {"repository": repository, "tag": tag}
-        self.helm.more_values = {"temporal": {"bundled": {"images": bundled}}}
+        self.helm.more_values = {"temporal": {"bundled": {"images": bundled}}, **more}
         self.helm.write_values(images[OPERATOR], digest)
 
     # --- reading the node -------------------------------------------------------------------------------------------
@@ -201,8 +205,8 @@ class HelmPods(PodStack, ChartReads):
         return str(lease.spec.holder_identity or "")
 
     def arm64_operator_ready(self, digest: str) -> bool:
-        """True when the operator's one Pod runs the image of `digest` and is Ready, and Temporal's run as before;
-        else an AssertionError saying what is not so."""
+        """True when the operator's one Pod runs the image of `digest` and is Ready, the certs Job it ran succeeded,
+        and Temporal's run as before; else an AssertionError saying what is not so."""
         pods = [p for p in self.chart_pods() if self.kind(p) == ("homelab-autoscaler", "operator")]
         if len(pods) != 1:
             raise AssertionError(f"operator Pods: {[p.metadata.name for p in pods]}")
@@ -214,6 +218,11 @@ class HelmPods(PodStack, ChartReads):
             raise AssertionError(f"{pod.metadata.name} ({spec.image}): {pod.status.phase}, {status}")
         if digest not in str(status.image_id):
             raise AssertionError(f"{pod.metadata.name} runs {status.image_id}, not {digest}")
+        batch: Any = k8s.BatchV1Api(self.cluster.admin)
+        jobs: list[Any] = batch.list_namespaced_job(NS, label_selector=CERTS_JOBS).items
+        newest = max(jobs, key=lambda j: j.metadata.creation_timestamp, default=None)
+        if newest is None or not newest.status.succeeded:
+            raise AssertionError(f"the certs Job of this install has not succeeded: {newest and newest.status}")
         others = [p for p in self.chart_pods() if p is not pod]
         problems = [problem for p in others if (problem := self.running(p, self.chart_images[1]))]
         if problems:
@@ -449,7 +458,7 @@ def test_6_the_arm64_image_by_its_digest_boots_a_machine_through_an_arm64_power_
     repository, _, tag = s.chart_images[1][OPERATOR].rpartition(":")
     digest = s.registry.platform_digest(repository.split("/", 1)[1], tag, "linux/arm64")
     power = arm64_power_image(s, "power-redfish")
-    s.write_values(s.chart_images[1], digest)
+    s.write_values(s.chart_images[1], digest, certs={"resources": EMULATED_CERTS})
     with binfmt.arm64():  # the node's arm64 programs run under emulation for this step only
         _arm64_install_and_boot(s, repository, digest, power)
 

@@ -456,11 +456,7 @@ spec:
             fieldRef:
               fieldPath: metadata.namespace
       resources:
-        requests:
-          cpu: 10m
-          memory: 64Mi
-        limits:
-          memory: 128Mi
+        {{- toYaml .Values.certs.resources | nindent 8 }}
       securityContext:
         {{- include "homelab-autoscaler.containerSecurityContext" . | nindent 8 }}
 {{- end }}
