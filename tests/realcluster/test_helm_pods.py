@@ -223,7 +223,7 @@ class HelmPods(PodStack, ChartReads):
         newest = max(jobs, key=lambda j: j.metadata.creation_timestamp, default=None)
         if newest is None or not newest.status.succeeded:
             raise AssertionError(f"the certs Job of this install has not succeeded: {newest and newest.status}")
-        others = [p for p in self.chart_pods() if p is not pod]
+        others = [p for p in self.chart_pods() if p.metadata.name != pod.metadata.name]
         problems = [problem for p in others if (problem := self.running(p, self.chart_images[1]))]
         if problems:
             raise AssertionError("; ".join(problems))
