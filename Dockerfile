@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # One image for every role of the operator: `docker run IMAGE run|worker|provider|watch|certs ...`, for linux/amd64
-# and linux/arm64 from this one file (docs/install.md, "Build the image"). It holds what a Pod runs and nothing else:
+# and linux/arm64 from this one file (docs/install.md, "Building and publishing the image"). It holds what a Pod runs:
 # no installer and no Temporal dev server (`homelab-autoscaler dev` is for a person's machine, with the `dev` extra;
 # deploy/overlays/dev-server runs the dev server from Temporal's admin-tools image).
 
