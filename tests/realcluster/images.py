@@ -213,18 +213,23 @@ class Builder:
         self.cache.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
+    def _buildah(self, *args: str) -> list[str]:
+        """buildah with its store in the cache and its run state under the run."""
+        return ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
+                "--storage-driver", "overlay", *args]  # fmt: skip
+
     def buildah(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-        cmd = ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
-               "--storage-driver", "overlay", *args]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        done = subprocess.run(self._buildah(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         if done.returncode != 0:
             raise AssertionError(f"buildah {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
         return done
 
+    def buildah_ok(self, *args: str) -> bool:
+        """Whether a buildah command succeeds (an image or a manifest list is in the store)."""
+        return subprocess.run(self._buildah(*args), capture_output=True, timeout=120).returncode == 0
+
     def has(self, local: str) -> bool:
-        cmd = ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
-               "--storage-driver", "overlay", "inspect", "--type", "image", local]  # fmt: skip
-        return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+        return self.buildah_ok("inspect", "--type", "image", local)
 
     def ensure(self, name: str, key: str, build: Build, note: str = "", platform: str = "linux/amd64") -> Built:
         """`localhost/hlas/<name>:<key>`, built by `build(local)` unless the store has it; `note` says which."""
@@ -387,11 +392,6 @@ class Builder:
         finally:
             self.buildah("rm", ctr)
         return done.stdout.strip()
-
-    def buildah_ok(self, *args: str) -> bool:
-        cmd = ["buildah", "--root", str(self.cache / "storage"), "--runroot", str(self.run_dir / "buildah-run"),
-               "--storage-driver", "overlay", *args]  # fmt: skip
-        return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
 
     # --- the bundled Temporal's stand-ins (issue 40) --------------------------------------------------------------
     # Same-version stand-ins for the official images deploy/components/temporal names, with their entry contract:
