@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests import binfmt
+from tests.machineroom import power_images
 from tests.procs import ROOT, free_port
 from tests.realcluster.cluster import Proc, wait_until
 
@@ -40,19 +41,8 @@ CACHE = Path(os.environ.get("HOMELAB_IMAGE_CACHE", "") or _XDG_CACHE / "homelab-
 MACHINE_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What python:3.11-slim-bookworm gives the Dockerfile: an interpreter with venv, CA certificates, groupadd/useradd.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
-# /usr merged as debootstrap (and so the official images) does it, by directory symlinks and usr-is-merged: without
-# it, mmdebstrap's bookworm installs the usrmerge package, which pulls in all of perl (50 MB).
-MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
-# Issue 42's bounds on the operator's image, each platform: in all, and what the Dockerfile adds to its base.
-OPERATOR_MAX_MB, OPERATOR_ADDS_MAX_MB = 250, 120
 # The platforms an image of ours is built for (issue 42): one tag, an OCI image index of both.
 PLATFORMS = ("linux/amd64", "linux/arm64")
-# What Debian's official slim images leave out of every package (debuerreotype's slimify: documentation, manuals,
-# translations), as dpkg path filters, so a stand-in is no larger than the image it stands for.
-SLIM_DPKG = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
-             "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/groff/*", "path-exclude=/usr/share/info/*",
-             "path-exclude=/usr/share/lintian/*", "path-exclude=/usr/share/linda/*", "path-exclude=/usr/share/locale/*",
-             "path-include=/usr/share/locale/locale.alias")  # fmt: skip
 OFFICIAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUSYBOX_APPLETS = ("sh", "mkdir", "rm", "rmdir", "sleep", "cat", "echo", "wget", "ls", "test", "[", "true", "false",
                    "env", "printf", "chmod", "nc", "id", "date", "hostname", "nslookup")  # fmt: skip
@@ -301,21 +291,21 @@ class Builder:
         return self.ensure("busybox", key, build)
 
     def python_base(self, platform: str = "linux/amd64") -> Built:
-        """What python:3.11-slim-bookworm is to the Dockerfile, from Debian's packages (mmdebstrap, with the official
-        slim images' dpkg filters), keyed by the packages' candidate versions in the machine's apt sources. A foreign
+        """What python:3.11-slim-bookworm is to the Dockerfile, from Debian's packages (mmdebstrap, by the official
+        slim image's recipe), keyed by the packages' candidate versions in the machine's apt sources. A foreign
         platform's maintainer scripts run under emulation (tests/binfmt.py)."""
         arch = platform.split("/")[1]
         versions = _candidate_versions(BASE_PACKAGES)
-        key = content_key(RECIPE, "python-base", platform, OFFICIAL_PATH, *SLIM_DPKG, MERGED_USR_HOOKS,
+        # debian:bookworm-slim's recipe, the power images' stand-in base's (tests/machineroom/power_images.py), with
+        # the packages the Python image adds.
+        recipe = power_images.base_args(arch)
+        key = content_key(RECIPE, "python-base", platform, OFFICIAL_PATH, *recipe, power_images.HOOK,
                           *[f"{p}={v}" for p, v in versions.items()])  # fmt: skip
 
         def build(local: str) -> None:
             tar = self.run_dir / f"python-base-{arch}.tar"
-            tidy = 'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log'
-            slim = [f"--dpkgopt={o}" for o in SLIM_DPKG]
-            _mmdebstrap(["--variant=minbase", f"--architectures={arch}", "--include=" + ",".join(BASE_PACKAGES),
-                         "--quiet", "--aptopt=Acquire::Retries=3", *slim, f"--hook-dir={MERGED_USR_HOOKS}",
-                         f"--customize-hook={tidy}", "bookworm", str(tar)])  # fmt: skip
+            _mmdebstrap([*recipe, "--include=" + ",".join(BASE_PACKAGES), "--aptopt=Acquire::Retries=3",
+                         "bookworm", str(tar)])  # fmt: skip
             ctr = self.buildah("from", "--arch", arch, "scratch").stdout.strip()
             try:
                 self.buildah("add", ctr, str(tar), "/")
