@@ -1,5 +1,6 @@
 """The `certs` setup step: the install's own CA, the provider's and the webhook's serving certificates and
-cluster-autoscaler's client certificate, kept in Secrets of the operator's namespace; mTLS with no cert-manager.
+cluster-autoscaler's client certificate, kept in Secrets of the operator's namespace (the client's in
+cluster-autoscaler's, where that is another); mTLS with no cert-manager.
 
 Idempotent: run it at install (a Job) and daily (a CronJob); a run that finds everything valid writes nothing. A
 certificate is renewed with a third of its life left, and the CA likewise (the trust bundle keeps the old CA until it
@@ -46,18 +47,21 @@ class Leaf:
     """One certificate the install needs: the Secret it lives in and what it is for."""
 
     secret: str
+    namespace: str
     common_name: str
     dns_names: tuple[str, ...] = ()
     client: bool = False
 
 
-def leaves(namespace: str) -> tuple[Leaf, ...]:
+def leaves(namespace: str, client_namespace: str | None = None) -> tuple[Leaf, ...]:
     """The provider's names are its Service's (cluster-autoscaler checks the cloud-config's host against them), the
-    webhook's the ones the API server dials; cluster-autoscaler's is a client certificate."""
+    webhook's the ones the API server dials; cluster-autoscaler's is a client certificate, in the namespace its Pod
+    mounts it from (a Pod mounts Secrets of its own namespace only)."""
     provider = "homelab-autoscaler-provider"
     return (
         Leaf(
             PROVIDER_SECRET,
+            namespace,
             provider,
             (
                 provider,
@@ -66,9 +70,10 @@ def leaves(namespace: str) -> tuple[Leaf, ...]:
                 f"{provider}.{namespace}.svc.cluster.local",
             ),
         ),
-        Leaf(CLIENT_SECRET, "cluster-autoscaler", client=True),
+        Leaf(CLIENT_SECRET, client_namespace or namespace, "cluster-autoscaler", client=True),
         Leaf(
             WEBHOOK_SECRET,
+            namespace,
             WEBHOOK_SERVICE,
             (f"{WEBHOOK_SERVICE}.{namespace}.svc", f"{WEBHOOK_SERVICE}.{namespace}.svc.cluster.local"),
         ),
@@ -113,21 +118,32 @@ class Authority:
 class CertSetup:
     """One run of the step against one namespace; `run()` returns a line per object saying what it found and did."""
 
-    def __init__(self, kube: Kube, namespace: str, *, now: Callable[[], dt.datetime] | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        *,
+        client_namespace: str | None = None,
+        now: Callable[[], dt.datetime] | None = None,
+    ) -> None:
         self.kube = kube
         self.namespace = namespace
+        self.client_namespace = client_namespace or namespace
         self.now = now or (lambda: dt.datetime.now(dt.UTC))
         self.said: list[str] = []
 
     # --- Secrets ------------------------------------------------------------------------------------------
-    def _read(self, name: str) -> dict[str, Any] | None:
+    def _read(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
-            return self.kube.get_raw(SECRETS, self.namespace, name)
+            return self.kube.get_raw(SECRETS, namespace or self.namespace, name)
         except NotFound:
             return None
 
-    def _write(self, name: str, data: Mapping[str, bytes], found: Mapping[str, Any] | None) -> None:
+    def _write(
+        self, name: str, data: Mapping[str, bytes], found: Mapping[str, Any] | None, namespace: str | None = None
+    ) -> None:
         """Create the Secret, or replace its data guarded by the resourceVersion read (`Conflict` if it moved)."""
+        namespace = namespace or self.namespace
         if found is None:
             body = {
                 "apiVersion": "v1",
@@ -135,7 +151,7 @@ class CertSetup:
                 "type": "kubernetes.io/tls",
                 "metadata": {
                     "name": name,
-                    "namespace": self.namespace,
+                    "namespace": namespace,
                     "labels": {
                         "app.kubernetes.io/name": "homelab-autoscaler",
                         "app.kubernetes.io/part-of": "homelab-autoscaler",
@@ -145,12 +161,12 @@ class CertSetup:
                 "data": _encoded(data),
             }
             try:
-                self.kube.create_raw(SECRETS, self.namespace, body)
+                self.kube.create_raw(SECRETS, namespace, body)
             except AlreadyExists as err:  # another run was first: decide again from what it wrote
-                raise Conflict(f"Secret {self.namespace}/{name} appeared meanwhile") from err
+                raise Conflict(f"Secret {namespace}/{name} appeared meanwhile") from err
             return
         patch = {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]}, "data": _encoded(data)}
-        self.kube.patch_raw(SECRETS, self.namespace, name, patch)
+        self.kube.patch_raw(SECRETS, namespace, name, patch)
 
     # --- the CA ---------------------------------------------------------------------------------------------
     def authority(self) -> Authority:
@@ -205,9 +221,11 @@ class CertSetup:
 
     # --- the leaves -----------------------------------------------------------------------------------------
     def leaf(self, leaf: Leaf, authority: Authority) -> None:
-        found = self._read(leaf.secret)
+        found = self._read(leaf.secret, leaf.namespace)
+        # A leaf outside the operator's namespace is named with its namespace in what the run says.
+        shown = leaf.secret if leaf.namespace == self.namespace else f"{leaf.namespace}/{leaf.secret}"
         if found is not None and not _ours(found):
-            self.said.append(f"Secret {leaf.secret}: yours (or cert-manager's), left alone")
+            self.said.append(f"Secret {shown}: yours (or cert-manager's), left alone")
             return
         now = self.now()
         data = _data(found) if found is not None else {}
@@ -215,20 +233,21 @@ class CertSetup:
         why = self._why_issue(leaf, cert, authority, now)
         if not why:
             if data.get("ca.crt") == authority.bundle:
-                self.said.append(f"Secret {leaf.secret}: valid, kept")
+                self.said.append(f"Secret {shown}: valid, kept")
                 return
-            self._write(leaf.secret, {**data, "ca.crt": authority.bundle}, found)
-            self.said.append(f"Secret {leaf.secret}: trust bundle updated")
+            self._write(leaf.secret, {**data, "ca.crt": authority.bundle}, found, leaf.namespace)
+            self.said.append(f"Secret {shown}: trust bundle updated")
             return
         if authority.pair is None:
             raise ValueError(
-                f"Secret {leaf.secret} needs issuing ({why}) but Secret {CA_SECRET} (yours) has no tls.key to sign with"
+                f"Secret {shown} needs issuing ({why}) but Secret {CA_SECRET} (yours) has no tls.key to sign with"
             )
         issued = pki.issue(authority.pair, leaf.common_name, dns_names=leaf.dns_names, client=leaf.client, now=now)
-        self._write(leaf.secret, {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": authority.bundle}, found)
-        self.said.append(f"Secret {leaf.secret}: {'renewed' if found else 'created'} ({why})")
+        written = {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": authority.bundle}
+        self._write(leaf.secret, written, found, leaf.namespace)
+        self.said.append(f"Secret {shown}: {'renewed' if found else 'created'} ({why})")
         if leaf.client and found is not None:
-            log.warning("cluster-autoscaler reads %s at start: restart it before the old one expires", leaf.secret)
+            log.warning("cluster-autoscaler reads %s at start: restart it before the old one expires", shown)
 
     @staticmethod
     def _why_issue(leaf: Leaf, cert: bytes, authority: Authority, now: dt.datetime) -> str:
@@ -289,7 +308,7 @@ class CertSetup:
             self.said = []
             try:
                 authority = self.authority()
-                for leaf in leaves(self.namespace):
+                for leaf in leaves(self.namespace, self.client_namespace):
                     self.leaf(leaf, authority)
                 self.ca_bundle()
                 return self.said

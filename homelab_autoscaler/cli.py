@@ -433,7 +433,8 @@ def _certs_command() -> SettingsCommand:
         def once() -> int:
             kube = Kube.for_settings(settings.section(KubeSettings))
             try:
-                for line in CertSetup(kube, args["namespace"]).run():
+                setup = CertSetup(kube, args["namespace"], client_namespace=args["client_namespace"])
+                for line in setup.run():
                     print(line, flush=True)
             except (KubeError, ValueError) as err:
                 raise UserError(str(err)) from None
@@ -451,13 +452,21 @@ def _certs_command() -> SettingsCommand:
         help=f"the operator's namespace, where the Secrets are  [env: {ENV_PREFIX}CERTS_NAMESPACE]",
         callback=_checked(check_dns_label),
     )
+    client_namespace = click.Option(
+        ["--client-namespace"],
+        default=None,
+        envvar=ENV_PREFIX + "CERTS_CLIENT_NAMESPACE",
+        help=f"cluster-autoscaler's namespace, where its client certificate goes (default: --namespace)  "
+        f"[env: {ENV_PREFIX}CERTS_CLIENT_NAMESPACE]",
+        callback=_checked(check_dns_label),
+    )
     return SettingsCommand(
         "certs",
         CERTS_SECTIONS,
         run,
         help="issue or renew the provider's, the webhook's and cluster-autoscaler's certificates into Secrets "
         "(idempotent; Secrets it did not write are left alone)",
-        params=[namespace],
+        params=[namespace, client_namespace],
     )
 
 

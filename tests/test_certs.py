@@ -34,6 +34,7 @@ from homelab_autoscaler.certs import (
     CertSetup,
 )
 from kube.adapter import Kube
+from kube.errors import NotFound
 from tests.procs import BIN
 
 NS = "homelab-autoscaler-system"
@@ -247,3 +248,24 @@ def test_the_command_prints_what_it_did_and_refuses_a_bad_namespace(emulator: Em
     assert f"Secret {CA_SECRET}: created" in done.stdout
     bad = subprocess.run([*run, "--namespace", "Not_A_Namespace"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "DNS-1123" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    bad = subprocess.run([*run, "--client-namespace", "kube_system"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--client-namespace" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_cluster_autoscaler_in_another_namespace_gets_its_client_certificate_there(emulator: EmulatorServer) -> None:
+    """A Pod mounts Secrets of its own namespace only: with cluster-autoscaler in kube-system (the chart's
+    clusterAutoscaler.namespace) its client certificate is issued there, by the same CA, and kept on a second run."""
+    kube = certs_kube(emulator)
+    said = CertSetup(kube, NS, client_namespace="kube-system", now=lambda: START).run()
+    assert f"Secret kube-system/{CLIENT_SECRET}: created (none yet)" in said, said
+    with pytest.raises(NotFound):
+        secret(kube, CLIENT_SECRET)
+    there = kube.get_raw(SECRETS, "kube-system", CLIENT_SECRET)
+    assert there["metadata"]["annotations"][ISSUED_BY]
+    client_cert = base64.b64decode(there["data"]["tls.crt"])
+    assert pki.signed_by(client_cert, data(kube, CA_SECRET)["tls.crt"])
+    assert base64.b64decode(there["data"]["ca.crt"]) == data(kube, PROVIDER_SECRET)["ca.crt"]
+    again = CertSetup(kube, NS, client_namespace="kube-system", now=lambda: START + dt.timedelta(days=1)).run()
+    assert f"Secret kube-system/{CLIENT_SECRET}: valid, kept" in again, again
+    rv = kube.get_raw(SECRETS, "kube-system", CLIENT_SECRET)["metadata"]["resourceVersion"]
+    assert rv == there["metadata"]["resourceVersion"]

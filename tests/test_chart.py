@@ -600,6 +600,12 @@ BAD_VALUES = [
     ({"networkPolicy": {"apiServerPorts": []}}, "/networkPolicy/apiServerPorts"),
     ({"networkPolicy": {"externalCIDRs": ["lan"]}}, "/networkPolicy/externalCIDRs/0"),
     ({"networkPolicy": {"providerFrom": [{"podSelectr": {}}]}}, "/networkPolicy/providerFrom/0"),
+    ({"clusterAutoscaler": {"namespace": "Kube_System"}}, "/clusterAutoscaler/namespace"),
+    ({"clusterAutoscaler": {"extraArgs": ["scale-down-enabled=false"]}}, "/clusterAutoscaler/extraArgs/0"),
+    (
+        {"clusterAutoscaler": {"enabled": True, "namespace": "kube-system"}, "certManager": {"enabled": True}},
+        "clusterAutoscaler.namespace",
+    ),
 ]
 
 
@@ -801,3 +807,110 @@ def test_network_policies_follow_their_values_and_can_be_left_out() -> None:
     (way,) = cluster["homelab-autoscaler-to-temporal"]["egress"]
     assert way["ports"] == [{"protocol": "TCP", "port": 17233}]
     assert "temporal-server" not in cluster, "no policy for a Temporal the chart does not run"
+
+
+# --- cluster-autoscaler from the chart ---------------------------------------------------------------------------
+def _template_of(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc["spec"]["jobTemplate"]["spec"] if doc["kind"] == "CronJob" else doc["spec"]
+    template: dict[str, Any] = spec["template"]
+    return template
+
+
+GENERATED = re.compile(r"^(cluster-autoscaler-cloud-config)-[a-z0-9]{10}$")
+CHECKSUM = "checksum/cloud-config"
+
+
+def _cluster_autoscalers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """cluster-autoscaler's objects of a render, comparable across the two: the chart names its cloud-config plainly
+    and rolls the Deployment by a checksum, kustomize by the ConfigMap's hashed name; the file's comments aside."""
+    out = []
+    for doc in json.loads(json.dumps(docs)):
+        meta = doc["metadata"]
+        meta["name"] = GENERATED.sub(r"\1", meta["name"])
+        if meta["name"] not in ("cluster-autoscaler", "homelab-cluster-autoscaler", "cluster-autoscaler-cloud-config"):
+            continue
+        if doc["kind"] == "ConfigMap":
+            doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+        if doc["kind"] == "Deployment":
+            pod = doc["spec"]["template"]
+            assert (CHECKSUM in pod["metadata"]["annotations"]) != any(
+                GENERATED.match(v.get("configMap", {}).get("name", "")) for v in pod["spec"]["volumes"]
+            ), "one of the two ways to roll it on a new cloud-config"
+            pod["metadata"]["annotations"].pop(CHECKSUM, None)
+            for volume in pod["spec"]["volumes"]:
+                if "configMap" in volume:
+                    volume["configMap"]["name"] = GENERATED.sub(r"\1", volume["configMap"]["name"])
+        out.append(doc)
+    return out
+
+
+@pytest.mark.usefixtures("tools")
+@pytest.mark.parametrize("plaintext", [False, True], ids=["mtls", "plaintext"])
+def test_cluster_autoscaler_from_the_chart_is_deploys(plaintext: bool) -> None:
+    """In the release's namespace, clusterAutoscaler renders what deploy/cluster-autoscaler/mtls (or /plaintext, with
+    provider.plaintext) renders, object for object; off, the chart renders none of it."""
+    deploy = _cluster_autoscalers(kustomize("cluster-autoscaler/plaintext" if plaintext else "cluster-autoscaler/mtls"))
+    values = {"clusterAutoscaler": {"enabled": True}, "provider": {"plaintext": plaintext}}
+    ours = _cluster_autoscalers(chart(values))
+    assert {d["kind"] for d in ours} >= {"Deployment", "ConfigMap", "ClusterRole", "NetworkPolicy"}
+    found = differences(deploy, ours)
+    assert not found, "\n".join(found)
+    assert not _cluster_autoscalers(chart())
+    # A changed cloud-config rolls the Deployment: its checksum follows what the Pod reads.
+    (mtls,) = [d for d in chart({"clusterAutoscaler": {"enabled": True}}) if d["kind"] == "Deployment"
+               and d["metadata"]["name"] == "cluster-autoscaler"]  # fmt: skip
+    (plain,) = [d for d in chart(values) if d["kind"] == "Deployment" and d["metadata"]["name"] == "cluster-autoscaler"]
+    rolled = (
+        mtls["spec"]["template"]["metadata"]["annotations"][CHECKSUM]
+        != (plain["spec"]["template"]["metadata"]["annotations"][CHECKSUM])
+    )
+    assert rolled == plaintext
+
+
+@pytest.mark.usefixtures("tools")
+def test_cluster_autoscaler_in_another_namespace_is_whole_there_and_let_in() -> None:
+    """clusterAutoscaler.namespace=kube-system: its objects there; its --namespace, its client certificate issued
+    there by the certs step (which the chart grants there, and only that Secret); the cloud-config names the
+    provider in the release's namespace; and the doors, read as the API defines them, let it (and nobody else of
+    kube-system) reach the provider, with its own Pod isolated both ways."""
+    from tests.netpol import Pod, allowed, isolated
+
+    docs = chart({"clusterAutoscaler": {"enabled": True, "namespace": "kube-system",
+                                        "extraArgs": ["--scale-down-enabled=false"]}})  # fmt: skip
+    mine = _cluster_autoscalers(docs)
+    assert {d["metadata"].get("namespace", "(cluster)") for d in mine} == {"kube-system", "(cluster)"}
+    (deployment,) = [d for d in mine if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--namespace=kube-system" in container["args"] and container["args"][-1] == "--scale-down-enabled=false"
+    (config,) = [d for d in mine if d["kind"] == "ConfigMap"]
+    assert config["data"]["cloud-config.yaml"]["address"] == f"homelab-autoscaler-provider.{NS}.svc:8086"
+    (binding,) = [d for d in mine if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cluster-autoscaler", "namespace": "kube-system"}]
+    # The certs step writes the client certificate where the Pod mounts it.
+    jobs = [d for d in docs if d["kind"] in ("Job", "CronJob")]
+    assert len(jobs) == 2
+    for job in jobs:
+        env = _env(_template_of(job)["spec"]["containers"][0])
+        assert env["HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE"] == "kube-system", job["metadata"]["name"]
+    where = ("kube-system", "homelab-autoscaler-certs")
+    grants = [d for d in docs if d["kind"] in ("Role", "RoleBinding")
+              and (d["metadata"]["namespace"], d["metadata"]["name"]) == where]  # fmt: skip
+    (role,) = [d for d in grants if d["kind"] == "Role"]
+    assert role["rules"][1]["resourceNames"] == ["cluster-autoscaler-client-tls"]
+    (certs_binding,) = [d for d in grants if d["kind"] == "RoleBinding"]
+    certs_account = {"kind": "ServiceAccount", "name": "homelab-autoscaler-certs", "namespace": NS}
+    assert certs_binding["subjects"] == [certs_account]
+    # The doors.
+    rules = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    autoscaler = Pod("kube-system", deployment["spec"]["template"]["metadata"]["labels"])
+    other = Pod("kube-system", {"k8s-app": "kube-dns"})
+    provider = Pod(NS, {"app.kubernetes.io/name": "homelab-autoscaler", "app.kubernetes.io/component": "operator"})
+    assert isolated(rules, autoscaler) == {"Ingress", "Egress"}
+    assert allowed(rules, autoscaler, provider, 8086)
+    assert not allowed(rules, other, provider, 8086)
+    assert not allowed(rules, Pod(NS, {"app": "curious"}), provider, 8086)
+    # In its own namespace, the default providerFrom lets it in, and no grant elsewhere is made.
+    here = chart({"clusterAutoscaler": {"enabled": True}})
+    assert not [d for d in here if d["metadata"].get("namespace", NS) != NS and d["kind"] != "CustomResourceDefinition"]
+    assert all("HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE" not in _env(_template_of(j)["spec"]["containers"][0])
+               for j in here if j["kind"] in ("Job", "CronJob"))  # fmt: skip

@@ -63,16 +63,17 @@ def fenced_blocks() -> list[tuple[str, str]]:
     return blocks
 
 
-def documented(first_words: str, **placeholders: str) -> list[str]:
-    """The first command of docs/install.md's `sh` blocks that starts with `first_words`, as a user types it (its
-    continuation lines joined), split into arguments, with its placeholders (NAME, or within an argument as in
-    `oci://REGISTRY/charts`) filled in."""
+def documented(first_words: str, *, containing: str = "", **placeholders: str) -> list[str]:
+    """The first command of docs/install.md's `sh` blocks that starts with `first_words` (and has `containing` among
+    its arguments), as a user types it (its continuation lines joined), split into arguments, with its placeholders
+    (NAME, or within an argument as in `oci://REGISTRY/charts`) filled in."""
     for language, block in fenced_blocks():
         for command in block.replace("\\\n", " ").splitlines() if language == "sh" else []:
             command = command.split("  #", 1)[0].strip()
-            if command.startswith(first_words):
+            if command.startswith(first_words) and (not containing or containing in shlex.split(command)):
                 return [_filled(arg, placeholders) for arg in shlex.split(command)]
-    raise AssertionError(f"docs/install.md has no command starting with {first_words!r}")
+    more = f" with {containing!r}" if containing else ""
+    raise AssertionError(f"docs/install.md has no command starting with {first_words!r}{more}")
 
 
 def _filled(arg: str, placeholders: dict[str, str]) -> str:

@@ -24,7 +24,10 @@ from it (tests/realcluster/helm.py):
 5. `helm uninstall`: the chart's objects and Pods gone from the node; the CRDs, the Group, the slot and the claim
    (ready, its finalizer), the namespace, PostgreSQL's volume claim and password Secret, and the watchers' Lease
    left, the machine still on, as the guide says;
-6. the arm64 image of the operator's index installed by the chart by its digest (issue 42) on this amd64 node,
+6. the guide's `helm install` with cluster-autoscaler from the chart in kube-system (issue 44): its Pod Ready, its
+   client certificate issued into kube-system, its status naming the provider's group (mTLS across the namespaces
+   the NetworkPolicies separate); uninstalled again;
+7. the arm64 image of the operator's index installed by the chart by its digest (issue 42) on this amd64 node,
    under emulation: its Pod Ready, `uname -m` aarch64 in it; it powers the machine off and boots it again through
    a startup Job Pod of the redfish power example's arm64 image (`curl` to the machine room).
 
@@ -78,6 +81,8 @@ BOOT_SECONDS = 3.0  # from the BMC's yes to the machine's kubelet
 WATCH_LEASE = "homelab-autoscaler-watch"
 CERTS_JOBS = "app.kubernetes.io/name=homelab-autoscaler,app.kubernetes.io/component=certs"
 ARM64_CLAIM = "machine-1-on-arm64"
+CA_NAMESPACE = "kube-system"  # where the guide's `helm install` with clusterAutoscaler puts it
+CLIENT_SECRET = "cluster-autoscaler-client-tls"
 # The certs step under emulation: qemu's translated code counts against the container's memory, and the chart's
 # 128Mi limit (ample on either platform's hardware) saw it OOMKilled here.
 EMULATED_CERTS = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}}
@@ -446,8 +451,67 @@ def test_5_helm_uninstall_leaves_the_crds_the_claim_and_the_machine(stack: HelmP
     assert s.helm.run(["helm", "list", "-n", NS, "-q"]).stdout.strip() == ""
 
 
+def test_6_cluster_autoscaler_from_the_chart_in_kube_system_reaches_the_provider_over_mtls(stack: HelmPods) -> None:
+    """Issue 44, part 4: the guide's `helm install` with `clusterAutoscaler.enabled` in kube-system, typed as the
+    guide types it (the images and one flag from the values file): its Pod Ready on the node in kube-system, its
+    client certificate issued there by the chart's certs Job, and its status ConfigMap there naming the provider's
+    group, which it can only have learned from the provider over mTLS, through the NetworkPolicies the node's engine
+    enforces across the two namespaces. Then `helm uninstall` takes it away with the rest."""
+    s = stack
+    repository, _, tag = s.images["cluster-autoscaler"].rpartition(":")
+    # It only looks: the claim booted by hand stays (scale-down's 10 minutes are longer than this step, and off).
+    autoscaler = {"image": {"repository": repository, "tag": tag}, "extraArgs": ["--scale-down-enabled=false"]}
+    s.write_values(s.chart_images[1], clusterAutoscaler=autoscaler)
+    command = documented("helm install homelab-autoscaler ./charts/homelab-autoscaler",
+                         containing="clusterAutoscaler.enabled=true")  # fmt: skip
+    assert "clusterAutoscaler.namespace=kube-system" in command, command
+    with s.phase("helm install --wait, cluster-autoscaler in kube-system"):
+        s.helm.run([*command, "-f", "my-values.yaml"])
+    core = s.core()
+
+    def autoscaler_ready() -> bool:
+        pods = core.list_namespaced_pod(CA_NAMESPACE, label_selector="app.kubernetes.io/name=cluster-autoscaler").items
+        ready = [p for p in pods if p.spec.node_name == NODE_NAME and p.status.phase == "Running"
+                 and all(c.ready for c in p.status.container_statuses or [])]  # fmt: skip
+        if len(ready) != 1:
+            seen = [(p.metadata.name, p.status.phase) for p in pods]
+            raise AssertionError(f"cluster-autoscaler's Pods in {CA_NAMESPACE}: {seen}")
+        return True
+
+    wait_until(f"cluster-autoscaler Ready in {CA_NAMESPACE}", autoscaler_ready, within=120)
+    secret = core.read_namespaced_secret(CLIENT_SECRET, CA_NAMESPACE)
+    assert (secret.metadata.annotations or {}).get("homelab-autoscaler.dev/issued-by"), secret.metadata
+    assert {"tls.crt", "tls.key", "ca.crt"} <= set(secret.data or {})
+
+    def status() -> str:
+        try:
+            found = core.read_namespaced_config_map("cluster-autoscaler-status", CA_NAMESPACE)
+        except k8s.ApiException as err:
+            raise AssertionError(f"no status ConfigMap in {CA_NAMESPACE} yet ({err.status})") from None
+        text = str((found.data or {}).get("status", ""))
+        if "workers" not in text:
+            raise AssertionError(f"its status names no group yet:\n{text}")
+        return text
+
+    wait_until("cluster-autoscaler's status to name the provider's group `workers`", lambda: bool(status()),
+               within=120)  # fmt: skip
+    log = s.cluster.kubectl("-n", CA_NAMESPACE, "logs", "deployment/cluster-autoscaler").stdout
+    assert "handshake failed" not in log and "x509" not in log, log[-3000:]
+    print(f"\ncluster-autoscaler from the chart, in {CA_NAMESPACE}: its status ConfigMap says\n{status()}")
+    with s.phase("helm uninstall, cluster-autoscaler with it"):
+        s.helm.run(documented("helm uninstall homelab-autoscaler"))
+
+        def autoscaler_gone() -> bool:
+            pods = core.list_namespaced_pod(CA_NAMESPACE, label_selector="app.kubernetes.io/name=cluster-autoscaler")
+            return not pods.items and s.gone("clusterrole", "homelab-cluster-autoscaler")
+
+        wait_until(f"cluster-autoscaler gone from {CA_NAMESPACE}", autoscaler_gone, within=120)
+        wait_until("the chart's Pods gone", lambda: not s.chart_pods(), within=120)
+    assert node_ready(s, SLOT), "cluster-autoscaler or the uninstall powered the machine off"
+
+
 @pytest.mark.timeout(1500)  # Python under emulation: the operator's start and its init container are slow
-def test_6_the_arm64_image_by_its_digest_boots_a_machine_through_an_arm64_power_image(stack: HelmPods) -> None:
+def test_7_the_arm64_image_by_its_digest_boots_a_machine_through_an_arm64_power_image(stack: HelmPods) -> None:
     """Issue 42, part 3, on this amd64 node under emulation: the chart installed again with `image.digest` set to
     the arm64 image of the operator's index (never the index, so the node cannot pick amd64), its Pod Ready and its
     programs run as aarch64; the uninstalled release's claim deleted (its machine powered off by this operator), the

@@ -18,12 +18,13 @@ homelab-autoscaler.dev/development-only: "true"
 {{- end }}
 {{- end }}
 
-{{/* An object's metadata: .objectName, the release's namespace unless .clusterScoped, its labels and .labels. */}}
+{{/* An object's metadata: .objectName, .namespace (the release's when empty) unless .clusterScoped, its labels and
+.labels. */}}
 {{- define "homelab-autoscaler.metadata" -}}
 metadata:
   name: {{ .objectName }}
   {{- if not .clusterScoped }}
-  namespace: {{ .root.Release.Namespace }}
+  namespace: {{ .namespace | default .root.Release.Namespace }}
   {{- end }}
   labels:
     {{- include "homelab-autoscaler.labels" . | nindent 4 }}
@@ -97,6 +98,22 @@ or an existing one at temporal.address. */}}
 {{- end -}}
 {{- if and $pg.tls.caSecret (not $pg.tls.enabled) -}}
 {{- fail "temporal.externalPostgresql.tls.caSecret is given but temporal.externalPostgresql.tls.enabled is false: enable TLS, or leave the CA unset" -}}
+{{- end -}}
+{{- $ca := .Values.clusterAutoscaler -}}
+{{- if and $ca.enabled .Values.certManager.enabled (include "homelab-autoscaler.clusterAutoscalerElsewhere" .) -}}
+{{- fail (printf "clusterAutoscaler.namespace (%s) is not the release's, and certManager.enabled is true: a cert-manager Issuer signs in its own namespace only, so cluster-autoscaler's client certificate cannot be issued there; leave clusterAutoscaler.namespace empty, or use the certs step (certManager.enabled=false)" $ca.namespace) -}}
+{{- end -}}
+{{- end }}
+
+{{/* cluster-autoscaler's namespace (clusterAutoscaler.namespace, else the release's). */}}
+{{- define "homelab-autoscaler.clusterAutoscalerNamespace" -}}
+{{ .Values.clusterAutoscaler.namespace | default .Release.Namespace }}
+{{- end }}
+
+{{/* "true" when the chart's cluster-autoscaler runs outside the release's namespace, else empty. */}}
+{{- define "homelab-autoscaler.clusterAutoscalerElsewhere" -}}
+{{- if and .Values.clusterAutoscaler.enabled (ne (include "homelab-autoscaler.clusterAutoscalerNamespace" .) .Release.Namespace) -}}
+true
 {{- end -}}
 {{- end }}
 
@@ -455,6 +472,10 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.namespace
+        {{- if include "homelab-autoscaler.clusterAutoscalerElsewhere" . }}
+        - name: HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE
+          value: {{ include "homelab-autoscaler.clusterAutoscalerNamespace" . }}
+        {{- end }}
       resources:
         {{- toYaml .Values.certs.resources | nindent 8 }}
       securityContext:
@@ -464,4 +485,16 @@ spec:
 {{/* The port of the operator's Temporal frontend: the schema holds temporal.address to host:port. */}}
 {{- define "homelab-autoscaler.temporalPort" -}}
 {{- include "homelab-autoscaler.temporalAddress" . | splitList ":" | last -}}
+{{- end }}
+
+{{/* cluster-autoscaler's externalgrpc cloud-config: where the provider listens, and its client certificate unless
+provider.plaintext (all three of cert, key and cacert, or none: mTLS or plaintext, nothing between). */}}
+{{- define "homelab-autoscaler.clusterAutoscalerCloudConfig" -}}
+address: homelab-autoscaler-provider.{{ .Release.Namespace }}.svc:8086
+grpc_timeout: 10s
+{{- if not .Values.provider.plaintext }}
+cert: /etc/cluster-autoscaler/tls/tls.crt
+key: /etc/cluster-autoscaler/tls/tls.key
+cacert: /etc/cluster-autoscaler/tls/ca.crt
+{{- end }}
 {{- end }}
