@@ -35,6 +35,12 @@ CA_SECRET = "homelab-autoscaler-ca"
 PROVIDER_SECRET = "homelab-autoscaler-provider-tls"
 CLIENT_SECRET = "cluster-autoscaler-client-tls"
 WEBHOOK_SECRET = "homelab-autoscaler-webhook-tls"
+# The bundled Temporal's (with --temporal): its frontend's serving certificate (which its own system worker also
+# presents to it), and the client certificates of the operator's Pods and of the Web UI.
+TEMPORAL_FRONTEND_SECRET = "temporal-frontend-tls"
+TEMPORAL_CLIENT_SECRET = "homelab-autoscaler-temporal-tls"
+TEMPORAL_WEB_SECRET = "temporal-web-tls"
+TEMPORAL_FRONTEND = "temporal-frontend"
 WEBHOOK_CONFIG = "homelab-autoscaler"
 WEBHOOK_SERVICE = "homelab-autoscaler-webhook"
 INJECTED = "cert-manager.io/inject-ca-from"
@@ -51,6 +57,27 @@ class Leaf:
     common_name: str
     dns_names: tuple[str, ...] = ()
     client: bool = False
+    server_and_client: bool = False
+
+
+def _service_names(service: str, namespace: str) -> tuple[str, ...]:
+    return (service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local")
+
+
+def temporal_leaves(namespace: str) -> tuple[Leaf, ...]:
+    """The bundled Temporal's frontend requires a client certificate of the install's CA: its own (its system worker
+    calls it), the operator's Pods' and the Web UI's."""
+    return (
+        Leaf(
+            TEMPORAL_FRONTEND_SECRET,
+            namespace,
+            TEMPORAL_FRONTEND,
+            _service_names(TEMPORAL_FRONTEND, namespace),
+            server_and_client=True,
+        ),
+        Leaf(TEMPORAL_CLIENT_SECRET, namespace, "homelab-autoscaler", client=True),
+        Leaf(TEMPORAL_WEB_SECRET, namespace, "temporal-web", client=True),
+    )
 
 
 def leaves(namespace: str, client_namespace: str | None = None) -> tuple[Leaf, ...]:
@@ -59,17 +86,7 @@ def leaves(namespace: str, client_namespace: str | None = None) -> tuple[Leaf, .
     mounts it from (a Pod mounts Secrets of its own namespace only)."""
     provider = "homelab-autoscaler-provider"
     return (
-        Leaf(
-            PROVIDER_SECRET,
-            namespace,
-            provider,
-            (
-                provider,
-                f"{provider}.{namespace}",
-                f"{provider}.{namespace}.svc",
-                f"{provider}.{namespace}.svc.cluster.local",
-            ),
-        ),
+        Leaf(PROVIDER_SECRET, namespace, provider, _service_names(provider, namespace)),
         Leaf(CLIENT_SECRET, client_namespace or namespace, "cluster-autoscaler", client=True),
         Leaf(
             WEBHOOK_SECRET,
@@ -124,11 +141,13 @@ class CertSetup:
         namespace: str,
         *,
         client_namespace: str | None = None,
+        temporal: bool = False,
         now: Callable[[], dt.datetime] | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.client_namespace = client_namespace or namespace
+        self.temporal = temporal
         self.now = now or (lambda: dt.datetime.now(dt.UTC))
         self.said: list[str] = []
 
@@ -242,7 +261,14 @@ class CertSetup:
             raise ValueError(
                 f"Secret {shown} needs issuing ({why}) but Secret {CA_SECRET} (yours) has no tls.key to sign with"
             )
-        issued = pki.issue(authority.pair, leaf.common_name, dns_names=leaf.dns_names, client=leaf.client, now=now)
+        issued = pki.issue(
+            authority.pair,
+            leaf.common_name,
+            dns_names=leaf.dns_names,
+            client=leaf.client,
+            server_and_client=leaf.server_and_client,
+            now=now,
+        )
         written = {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": authority.bundle}
         self._write(leaf.secret, written, found, leaf.namespace)
         self.said.append(f"Secret {shown}: {'renewed' if found else 'created'} ({why})")
@@ -308,7 +334,8 @@ class CertSetup:
             self.said = []
             try:
                 authority = self.authority()
-                for leaf in leaves(self.namespace, self.client_namespace):
+                everyone = leaves(self.namespace, self.client_namespace)
+                for leaf in everyone + (temporal_leaves(self.namespace) if self.temporal else ()):
                     self.leaf(leaf, authority)
                 self.ca_bundle()
                 return self.said

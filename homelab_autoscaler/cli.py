@@ -433,7 +433,9 @@ def _certs_command() -> SettingsCommand:
         def once() -> int:
             kube = Kube.for_settings(settings.section(KubeSettings))
             try:
-                setup = CertSetup(kube, args["namespace"], client_namespace=args["client_namespace"])
+                setup = CertSetup(
+                    kube, args["namespace"], client_namespace=args["client_namespace"], temporal=args["temporal"]
+                )
                 for line in setup.run():
                     print(line, flush=True)
             except (KubeError, ValueError) as err:
@@ -460,13 +462,21 @@ def _certs_command() -> SettingsCommand:
         f"[env: {ENV_PREFIX}CERTS_CLIENT_NAMESPACE]",
         callback=_checked(check_dns_label),
     )
+    temporal = click.Option(
+        ["--temporal/--no-temporal"],
+        default=False,
+        show_default=True,
+        envvar=ENV_PREFIX + "CERTS_TEMPORAL",
+        help="also the bundled Temporal's: its frontend's certificate, the operator's and the Web UI's client "
+        f"certificates  [env: {ENV_PREFIX}CERTS_TEMPORAL]",
+    )
     return SettingsCommand(
         "certs",
         CERTS_SECTIONS,
         run,
         help="issue or renew the provider's, the webhook's and cluster-autoscaler's certificates into Secrets "
         "(idempotent; Secrets it did not write are left alone)",
-        params=[namespace, client_namespace],
+        params=[namespace, client_namespace, temporal],
     )
 
 

@@ -71,10 +71,12 @@ def issue(
     *,
     dns_names: Sequence[str] = (),
     client: bool = False,
+    server_and_client: bool = False,
     now: dt.datetime,
     lifetime: dt.timedelta = LEAF_LIFETIME,
 ) -> Issued:
-    """An end-entity certificate signed by `ca`: for serving (`dns_names`) or, with `client`, for client auth.
+    """An end-entity certificate signed by `ca`: for serving (`dns_names`) or, with `client`, for client auth; with
+    `server_and_client` for both (a server whose own parts call it, as Temporal's system worker calls its frontend).
 
     Never valid past the CA: a certificate that outlived its issuer would be refused anyway, and later.
     """
@@ -83,7 +85,10 @@ def issue(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA's key is not ECDSA: bring a CA whose tls.key is ECDSA, or let the step make one")
     key = _key()
-    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    if server_and_client:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    else:
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -96,7 +101,7 @@ def issue(
         .add_extension(
             x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True
         )  # digitalSignature, keyEncipherment
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if dns_names:

@@ -30,6 +30,7 @@ from homelab_autoscaler.commands import COMMANDS, ROLE_SECTIONS, CommandSpec
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import API_PING_EVERY, PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.ports import Port, check_free, free_port, split_address
+from homelab_autoscaler.renewal import stop_on_renewal
 from homelab_autoscaler.settings import (
     DevSettings,
     HealthSettings,
@@ -319,6 +320,9 @@ async def compose(
     port = await health.start()
     log.info("health endpoints on %s:%d (/healthz, /readyz)", health_settings.host, port)
     monitors = [asyncio.create_task(m.run(stop), name=f"ping {m.name}") for m in (temporal, api)]
+    certificate = [f for f in (temporal_settings.tls_cert, temporal_settings.tls_key, temporal_settings.tls_ca) if f]
+    if temporal_settings.tls_cert is not None:
+        monitors.append(asyncio.create_task(stop_on_renewal(certificate, stop), name="Temporal client certificate"))
     tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(role.run(process)) for role in roles]
     tasks += [asyncio.ensure_future(e) for e in extra or []]
     try:

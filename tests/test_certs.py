@@ -28,6 +28,9 @@ from homelab_autoscaler.certs import (
     ISSUED_BY,
     PROVIDER_SECRET,
     SECRETS,
+    TEMPORAL_CLIENT_SECRET,
+    TEMPORAL_FRONTEND_SECRET,
+    TEMPORAL_WEB_SECRET,
     WEBHOOK_CONFIG,
     WEBHOOK_CONFIGS,
     WEBHOOK_SECRET,
@@ -269,3 +272,38 @@ def test_cluster_autoscaler_in_another_namespace_gets_its_client_certificate_the
     assert f"Secret kube-system/{CLIENT_SECRET}: valid, kept" in again, again
     rv = kube.get_raw(SECRETS, "kube-system", CLIENT_SECRET)["metadata"]["resourceVersion"]
     assert rv == there["metadata"]["resourceVersion"]
+
+
+def test_the_bundled_temporals_certificates_only_with_temporal(emulator: EmulatorServer) -> None:
+    """`certs --temporal` (the bundled Temporal's install): the frontend's certificate serves its Service's names and
+    also authenticates as a client (the server's system worker calls its own frontend with it); the operator's and
+    the Web UI's are client certificates; all by the install's CA. Without it, none of the three."""
+    kube = certs_kube(emulator)
+    said = CertSetup(kube, NS, now=lambda: START).run()
+    assert not [line for line in said if "temporal" in line], said
+    said = CertSetup(kube, NS, temporal=True, now=lambda: START).run()
+    assert [line for line in said if "temporal" in line] == [
+        f"Secret {TEMPORAL_FRONTEND_SECRET}: created (none yet)",
+        f"Secret {TEMPORAL_CLIENT_SECRET}: created (none yet)",
+        f"Secret {TEMPORAL_WEB_SECRET}: created (none yet)",
+    ]
+    ca = data(kube, CA_SECRET)["tls.crt"]
+
+    def usages(name: str) -> list[Any]:
+        cert = x509.load_pem_x509_certificate(data(kube, name)["tls.crt"])
+        return list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+    frontend = data(kube, TEMPORAL_FRONTEND_SECRET)
+    assert pki.signed_by(frontend["tls.crt"], ca) and frontend["ca.crt"] == ca
+    assert pki.dns_names(frontend["tls.crt"]) == [
+        "temporal-frontend",
+        f"temporal-frontend.{NS}",
+        f"temporal-frontend.{NS}.svc",
+        f"temporal-frontend.{NS}.svc.cluster.local",
+    ]
+    assert usages(TEMPORAL_FRONTEND_SECRET) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    for name in (TEMPORAL_CLIENT_SECRET, TEMPORAL_WEB_SECRET):
+        assert pki.signed_by(data(kube, name)["tls.crt"], ca), name
+        assert usages(name) == [ExtendedKeyUsageOID.CLIENT_AUTH], name
+    again = CertSetup(kube, NS, temporal=True, now=lambda: START + dt.timedelta(days=5)).run()
+    assert all(line.endswith(("valid, kept", "(admission is off)")) for line in again), again

@@ -291,7 +291,8 @@ def _certificates() -> dict[str, dict[str, object]]:
 def test_the_harness_issues_deploys_certificates_as_cert_manager_would() -> None:
     specs = _certificates()
     assert set(specs) == {"homelab-autoscaler-ca", "homelab-autoscaler-provider", "cluster-autoscaler-client",
-                          "homelab-autoscaler-webhook"}  # fmt: skip
+                          "homelab-autoscaler-webhook", "temporal-frontend", "homelab-autoscaler-temporal",
+                          "temporal-web"}  # fmt: skip
     root = certmanager.issue(specs["homelab-autoscaler-ca"], None)
     assert root.ca == root.cert and root.cert.issuer == root.cert.subject  # self-signed: ca.crt is itself
     basic = root.cert.extensions.get_extension_for_class(x509.BasicConstraints).value
@@ -299,14 +300,15 @@ def test_the_harness_issues_deploys_certificates_as_cert_manager_would() -> None
     assert basic.ca and usage.key_cert_sign and usage.digital_signature
     assert root.cert.not_valid_after_utc - root.cert.not_valid_before_utc == dt.timedelta(hours=87600)
     assert isinstance(root.key, ec.EllipticCurvePrivateKey) and root.key.curve.name == "secp256r1"
-    for name, eku in (("homelab-autoscaler-provider", ExtendedKeyUsageOID.SERVER_AUTH),
-                      ("homelab-autoscaler-webhook", ExtendedKeyUsageOID.SERVER_AUTH),
-                      ("cluster-autoscaler-client", ExtendedKeyUsageOID.CLIENT_AUTH)):  # fmt: skip
+    server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+    for name, eku in (("homelab-autoscaler-provider", [server]), ("homelab-autoscaler-webhook", [server]),
+                      ("cluster-autoscaler-client", [client]), ("temporal-frontend", [server, client]),
+                      ("homelab-autoscaler-temporal", [client]), ("temporal-web", [client])):  # fmt: skip
         leaf = certmanager.issue(specs[name], (root.cert, root.key))
         assert leaf.ca == root.cert and leaf.cert.issuer == root.cert.subject
         leaf.cert.verify_directly_issued_by(root.cert)  # signed by the CA's key, issuer named as its subject
         assert not leaf.cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-        assert list(leaf.cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [eku]
+        assert list(leaf.cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == eku
         dns = specs[name].get("dnsNames")
         if dns:
             sans = leaf.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -64,12 +64,20 @@ TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "ef
 MACHINE_ROOM = f"http://machine-room.{NS}.svc:9052"
 
 
-# Run by the operator image's Python: one workflow's start and status, as JSON.
+# Run by the operator image's Python in the operator's Pod: one workflow's start and status, as JSON. With the
+# Pod's Temporal client certificate when it has one (the bundled frontend requires it).
 DESCRIBE_WORKFLOW = """
-import asyncio, json, sys
-from temporalio.client import Client
+import asyncio, json, os, sys
+from pathlib import Path
+from temporalio.client import Client, TLSConfig
+def tls():
+    files = [os.environ.get("HOMELAB_AUTOSCALER_TEMPORAL_TLS_" + k) for k in ("CA", "CERT", "KEY")]
+    if not all(files):
+        return False
+    ca, cert, key = (Path(f).read_bytes() for f in files)
+    return TLSConfig(server_root_ca_cert=ca, client_cert=cert, client_private_key=key)
 async def main():
-    client = await Client.connect("temporal-frontend:7233")
+    client = await Client.connect(os.environ["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"], tls=tls())
     described = await client.get_workflow_handle(sys.argv[1]).describe()
     print(json.dumps({"startTime": described.start_time.isoformat(), "status": described.status.name}))
 asyncio.run(main())

@@ -7,6 +7,7 @@ The tests run in order on one stack; the last one stops it and checks the machin
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -234,6 +235,56 @@ def test_the_web_ui_through_the_guides_port_forward(pods: PodStack) -> None:
         proc.terminate()
         proc.wait(10)
     GUIDE.append((command, "run" if local == 8233 else f"run on local port {local} (8233 was taken)"))
+
+
+def test_temporal_through_the_guides_port_forward_only_with_the_operators_certificate(pods: PodStack) -> None:
+    """docs/install.md's way in to the bundled Temporal, typed: the operator's client certificate read from its
+    Secret, `kubectl port-forward svc/temporal-frontend 7233`, then the `temporal` CLI with it lists workflows; the
+    same command without the client certificate is refused by the frontend itself (mTLS: the port-forward comes from
+    the node, which NetworkPolicies do not stop)."""
+    cli = ROOT / ".venv" / "bin" / "temporal"
+    if not cli.is_file():
+        pytest.skip(f"no `temporal` CLI at {cli} (the `dev` extra): `make test`'s virtualenv has it")
+    text = guide_text("install.md")
+    folder = pods.dir / "temporal-cli"
+    folder.mkdir(exist_ok=True)
+    secret = "homelab-autoscaler-temporal-tls"
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        escaped = key.replace(".", "\\.")  # jsonpath's: a dot inside a key
+        read = f"kubectl -n homelab-autoscaler-system get secret {secret} -o 'jsonpath={{.data.{escaped}}}'"
+        line = f"{read} | base64 -d > {key}"
+        assert line in text, f"docs/install.md does not say `{line}`"
+        encoded = typed(pods, read)
+        (folder / key).write_bytes(base64.b64decode(encoded))
+    forward = "kubectl -n homelab-autoscaler-system port-forward svc/temporal-frontend 7233 &"
+    assert forward in text, f"docs/install.md does not say `{forward}`"
+    local = _free()
+    args = [*shlex.split(forward.removesuffix(" &"))[1:-1], f"{local}:7233"]
+    proc = subprocess.Popen([str(pods.cluster.bins / "kubectl"), "--kubeconfig", str(pods.cluster.admin_kubeconfig),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    listing = next(line for line in text.splitlines() if line.startswith("temporal workflow list --address"))
+    command = [str(cli), *shlex.split(listing)[1:]]
+    command[command.index("127.0.0.1:7233")] = f"127.0.0.1:{local}"
+    try:
+
+        def listed() -> str:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=folder, check=False)
+            if done.returncode != 0:
+                raise AssertionError(done.stderr[-500:])
+            return done.stdout or "(none yet)"
+
+        out = wait_until("`temporal workflow list` with the operator's certificate through the port-forward", listed,
+                         within=60)  # fmt: skip
+        without = [a for i, a in enumerate(command) if a not in ("--tls-cert-path", "--tls-key-path")
+                   and command[i - 1] not in ("--tls-cert-path", "--tls-key-path")]  # fmt: skip
+        refused = subprocess.run(without, capture_output=True, text=True, timeout=60, cwd=folder, check=False)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    GUIDE.append(("(the temporal CLI through the port-forward)", "run: listed with the operator's certificate"))
+    print(f"\n`temporal workflow list` through the guide's port-forward, with the operator's certificate:\n{out}"
+          f"\nwithout it: exit {refused.returncode}: {refused.stderr.strip()[-300:]}")  # fmt: skip
+    assert refused.returncode != 0, refused.stdout
 
 
 def _free() -> int:
@@ -590,7 +641,8 @@ def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: P
     with the cluster's DNS and no certificate, tries each door of the install: each is closed, and the table says
     how. The same doors from the Pods they are for: a namespace labelled as a metrics scraper reaches the metrics; a
     Pod labelled as cluster-autoscaler reaches the provider, which then refuses it a session without a client
-    certificate; the operator's own Pod reaches Temporal's frontend and not PostgreSQL."""
+    certificate; the operator's own Pod reaches Temporal's frontend and not PostgreSQL, and the frontend refuses it a
+    session without the Pod's client certificate."""
     s = pods
     namespace, labels = INTRUDER
     attempts: list[doors.Attempt] = []
@@ -617,6 +669,11 @@ def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: P
                                                   ("PostgreSQL", "temporal-postgresql", 5432, False)):  # fmt: skip
                 ok, how = doors.probe_from(s, NS, "deployment/homelab-autoscaler", "homelab-autoscaler", service, port)
                 attempts.append(doors.Attempt("the operator's Pod", what, port, expected, ok, how))
+            # Let through by the policies, the frontend itself still wants a client certificate of the install's CA.
+            operator = ("deployment/homelab-autoscaler", "homelab-autoscaler")
+            ok, how = doors.probe_from(s, NS, *operator, "temporal-frontend", 7233, tls=True)
+            attempts.append(doors.Attempt("the operator's Pod", "Temporal's frontend (TLS, no cert)", 7233, False, ok,
+                                          how))  # fmt: skip
     finally:
         print("\n" + doors.table(attempts))
         for ns in (namespace, "door-monitoring"):
@@ -627,8 +684,10 @@ def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: P
     for a in attempts:
         if a.source.startswith(namespace):  # dropped or refused by the policy, never a DNS or harness failure
             assert a.how.split(" ", 1)[0] in ("timeout", "refused"), a.row()
-    (handshake,) = [a for a in attempts if "no cert" in a.target]
-    assert handshake.how.startswith(("tls-refused", "tls-closed")), handshake.row()
+    handshakes = [a for a in attempts if "no cert" in a.target]
+    assert len(handshakes) == 2, [a.row() for a in attempts]
+    for handshake in handshakes:  # refused by TLS itself, not by a policy or a timeout
+        assert handshake.how.startswith(("tls-refused", "tls-closed")), handshake.row()
 
 
 def test_the_temporal_pods_deleted_mid_boot(pods: PodStack) -> None:

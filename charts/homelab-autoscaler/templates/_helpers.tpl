@@ -117,6 +117,26 @@ true
 {{- end -}}
 {{- end }}
 
+{{/* The Secret of the operator's client certificate for its Temporal: yours for an existing Temporal
+(temporal.tls.secretName), the install's for the bundled one (whose frontend requires one), else none. */}}
+{{- define "homelab-autoscaler.temporalTLSSecret" -}}
+{{- if .Values.temporal.tls.secretName -}}
+{{ .Values.temporal.tls.secretName }}
+{{- else if .Values.temporal.bundled.enabled -}}
+homelab-autoscaler-temporal-tls
+{{- end -}}
+{{- end }}
+
+{{/* The client certificate's files, as the operator's settings name them (the Secret mounted at /etc/temporal-tls). */}}
+{{- define "homelab-autoscaler.temporalTLSEnv" -}}
+- name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_CERT
+  value: /etc/temporal-tls/tls.crt
+- name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_KEY
+  value: /etc/temporal-tls/tls.key
+- name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_CA
+  value: /etc/temporal-tls/ca.crt
+{{- end }}
+
 {{/*
 The env of an operator container of role .role (run, worker, provider, watch): the Temporal client, then what the
 role serves. Every name is a setting of that role's command (tests/test_chart.py checks each against the CLI).
@@ -128,13 +148,8 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
   value: {{ include "homelab-autoscaler.temporalAddress" .root | quote }}
 - name: HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE
   value: {{ $v.temporal.namespace | quote }}
-{{- if $v.temporal.tls.secretName }}
-- name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_CERT
-  value: /etc/temporal-tls/tls.crt
-- name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_KEY
-  value: /etc/temporal-tls/tls.key
-- name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_CA
-  value: /etc/temporal-tls/ca.crt
+{{- if include "homelab-autoscaler.temporalTLSSecret" .root }}
+{{ include "homelab-autoscaler.temporalTLSEnv" . }}
 {{- end }}
 {{- with $v.temporal.tls.serverName }}
 - name: HOMELAB_AUTOSCALER_TEMPORAL_TLS_SERVER_NAME
@@ -229,7 +244,7 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
 {{- if eq .part "mounts" }}
 - name: tmp
   mountPath: /tmp
-{{- if $v.temporal.tls.secretName }}
+{{- if include "homelab-autoscaler.temporalTLSSecret" .root }}
 - name: temporal-tls
   mountPath: /etc/temporal-tls
   readOnly: true
@@ -247,10 +262,11 @@ role serves. Every name is a setting of that role's command (tests/test_chart.py
 {{- else }}
 - name: tmp
   emptyDir: {}
-{{- if $v.temporal.tls.secretName }}
+{{- with include "homelab-autoscaler.temporalTLSSecret" .root }}
+# Until the certs step (or cert-manager, or you) has written it, the Pod waits.
 - name: temporal-tls
   secret:
-    secretName: {{ $v.temporal.tls.secretName }}
+    secretName: {{ . }}
 {{- end }}
 {{- if and $serves (not $v.provider.plaintext) }}
 # Until the certs Job (or cert-manager) has written it, the Pod waits; re-read when renewed.
@@ -405,6 +421,8 @@ the frontend answers (at most 10 minutes), the namespace with its retention and 
       valueFrom:
         fieldRef:
           fieldPath: metadata.namespace
+    {{- /* The bundled frontend requires the operator's client certificate, this step's too. */}}
+    {{- include "homelab-autoscaler.temporalTLSEnv" . | nindent 4 }}
   resources:
     requests:
       cpu: 10m
@@ -416,6 +434,9 @@ the frontend answers (at most 10 minutes), the namespace with its retention and 
   volumeMounts:
     - name: tmp
       mountPath: /tmp
+    - name: temporal-tls
+      mountPath: /etc/temporal-tls
+      readOnly: true
 {{- end }}
 
 {{/*
@@ -472,6 +493,10 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.namespace
+        {{- if .Values.temporal.bundled.enabled }}
+        - name: HOMELAB_AUTOSCALER_CERTS_TEMPORAL
+          value: "true"
+        {{- end }}
         {{- if include "homelab-autoscaler.clusterAutoscalerElsewhere" . }}
         - name: HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE
           value: {{ include "homelab-autoscaler.clusterAutoscalerNamespace" . }}
