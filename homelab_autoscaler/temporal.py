@@ -115,7 +115,7 @@ async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = 
             runtime=runtime_for(metrics.address if metrics else None),
         )
     except RuntimeError as err:
-        raise TemporalUnreachable(temporal.address, str(err)) from None
+        raise TemporalUnreachable(temporal.address, str(err), hint=tls_hint(str(err), temporal)) from None
     await require_namespace(client, temporal)
     return client
 
@@ -144,7 +144,8 @@ async def connect_at_start(
         except (TemporalUnreachable, TimeoutError) as err:
             reason = err.reason if isinstance(err, TemporalUnreachable) else f"no answer within {attempt:.0f} s"
             if time.monotonic() >= deadline:
-                raise TemporalUnreachable(temporal.address, reason) from None
+                hint = err.hint if isinstance(err, TemporalUnreachable) else ""
+                raise TemporalUnreachable(temporal.address, reason, hint=hint) from None
             if not waiting:
                 log.warning("Temporal at %s does not answer yet (%s): waiting up to %.0f s", temporal.address,
                             reason, within)  # fmt: skip
@@ -173,15 +174,43 @@ async def require_namespace(client: Client, temporal: TemporalSettings) -> None:
 
 
 class TemporalUnreachable(RuntimeError):
-    """Temporal did not answer the connection: said in one line, with the Rust client's error cut to its reason."""
+    """Temporal did not answer the connection: said in one line, with the Rust client's error cut to its reason (the
+    innermost one: "transport error" alone says nothing), and what to do (`hint`, else: is it running?)."""
 
-    def __init__(self, address: str, error: str) -> None:
-        found = re.search(r'message: "([^"]+)"', error) or re.search(r'error: "([^"]+)"', error)
-        self.reason = found.group(1) if found else error
-        super().__init__(
-            f"cannot reach Temporal at {address}: {self.reason}. Is it running "
-            "(`make run` starts one)? --temporal-address names another"
+    def __init__(self, address: str, error: str, *, hint: str = "") -> None:
+        found = re.search(r'error: "([^"]+)"', error) or re.search(r'message: "([^"]+)"', error)
+        self.reason = found.group(1).split(": https://", 1)[0] if found else error
+        self.hint = hint
+        what = hint or "Is it running (`make run` starts one)? --temporal-address names another"
+        super().__init__(f"cannot reach Temporal at {address}: {self.reason}. {what}")
+
+
+# What the Rust client says when the frontend and the client disagree on TLS: a TLS frontend closing on a plaintext
+# client (a broken pipe), or refusing a session without a client certificate (an alert, or a close without notify);
+# at the least, a first call that fails on a connection made ("after connection"), which a frontend that is merely
+# down never lets happen.
+TLS_SIGNS = ("broken pipe", "close_notify", "certificaterequired", "certificate", "handshake", "tls",
+             "error after connection")  # fmt: skip
+
+
+def tls_hint(error: str, temporal: TemporalSettings) -> str:
+    """What to give when `error` looks like a TLS refusal, in the flags' names; "" when it does not."""
+    if not any(sign in error.lower() for sign in TLS_SIGNS):
+        return ""
+    if temporal.tls_cert:
+        return (
+            "Its frontend refused the TLS session: is --temporal-tls-cert signed by a CA the frontend trusts, and "
+            "--temporal-tls-ca the CA of the frontend's certificate?"
         )
+    if temporal.tls_ca or temporal.tls_server_name or temporal.api_key:
+        return (
+            "Its frontend refused a session without a client certificate (mTLS): give --temporal-tls-cert and "
+            "--temporal-tls-key (HOMELAB_AUTOSCALER_TEMPORAL_TLS_CERT, _KEY)"
+        )
+    return (
+        "Its frontend may speak TLS and require a client certificate: give --temporal-tls-ca, --temporal-tls-cert "
+        "and --temporal-tls-key (HOMELAB_AUTOSCALER_TEMPORAL_TLS_CA, _CERT, _KEY)"
+    )
 
 
 def search_attribute_flags() -> list[str]:

@@ -77,7 +77,8 @@ def tls():
     ca, cert, key = (Path(f).read_bytes() for f in files)
     return TLSConfig(server_root_ca_cert=ca, client_cert=cert, client_private_key=key)
 async def main():
-    client = await Client.connect(os.environ["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"], tls=tls())
+    client = await Client.connect(os.environ["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"], tls=tls(),
+                                  namespace=os.environ.get("HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE", "default"))
     described = await client.get_workflow_handle(sys.argv[1]).describe()
     print(json.dumps({"startTime": described.start_time.isoformat(), "status": described.status.name}))
 asyncio.run(main())

@@ -8,6 +8,7 @@ The tests run in order on one stack; the last one stops it and checks the machin
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -908,6 +909,129 @@ def test_the_workload_goes_and_every_machine_is_powered_off(pods: PodStack) -> N
     touched = {e.name for e in audit.read(s.cluster.audit_log)
                if e.user == audit.AUTOSCALER and e.resource == "nodes" and e.verb in writes}  # fmt: skip
     assert touched and NODE_NAME not in touched, touched
+
+
+# --- next to an existing Temporal with frontend mTLS (issue 40) -----------------------------------------------------
+EXISTING = "temporal"  # the existing Temporal's namespace, as overlays/temporal-cluster's address names it
+# What makes the bundled Temporal (rendered from overlays/homelab) a Temporal of its own elsewhere: its server and
+# PostgreSQL, and the certs step that issues its frontend's and a client's certificates there.
+EXISTING_KINDS = {("ConfigMap", "temporal-config"), ("Deployment", "temporal-server"), ("Service", "temporal-frontend"),
+                  ("StatefulSet", "temporal-postgresql"), ("Service", "temporal-postgresql"),
+                  ("ServiceAccount", "homelab-autoscaler-certs"), ("Role", "homelab-autoscaler-certs"),
+                  ("RoleBinding", "homelab-autoscaler-certs"), ("Job", "homelab-autoscaler-certs")}  # fmt: skip
+SEARCH_ATTRIBUTES = [("HomelabGroup", "Keyword"), ("HomelabSlot", "Keyword"), ("ClaimPhase", "Keyword"),
+                     ("ClaimReason", "Keyword"), ("ClaimAttempt", "Int")]  # fmt: skip
+
+
+def existing_temporal(s: PodStack) -> None:
+    """A Temporal cluster of the user's own in namespace `temporal`: the real server (same-version stand-in) on
+    PostgreSQL, its frontend requiring a client certificate of its own CA, its names those of its namespace."""
+    overlay = s.overlay("existing-temporal", DEPLOY / "overlays" / "homelab",
+                        {OPERATOR_IMAGE: s.images["homelab-autoscaler"], **temporal_images(s)})  # fmt: skip
+    rendered = [d for d in yaml.safe_load_all(s.cluster.kubectl("kustomize", str(overlay)).stdout) if d]
+    docs = [d for d in rendered if (d["kind"], d["metadata"]["name"]) in EXISTING_KINDS]
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs} == EXISTING_KINDS
+    for doc in docs:
+        doc["metadata"]["namespace"] = EXISTING
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = EXISTING
+    s.cluster.kubectl("create", "namespace", EXISTING)
+    s.cluster.kubectl("-n", EXISTING, "create", "secret", "generic", "temporal-postgresql",
+                      "--from-literal=password=an-existing-clusters-password")  # fmt: skip
+    s.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    s.cluster.kubectl("-n", EXISTING, "wait", "--for=condition=complete", "job/homelab-autoscaler-certs",
+                      "--timeout=300s", timeout=330)  # fmt: skip
+    s.rollout(EXISTING, "statefulset/temporal-postgresql")
+    s.rollout(EXISTING, "deployment/temporal-server")
+
+
+def test_the_temporal_cluster_overlay_next_to_a_temporal_with_frontend_mtls(pods: PodStack) -> None:
+    """Issue 40, part 5: docs/install.md's "Next to an existing Temporal cluster", typed, against a Temporal of the
+    user's own in another namespace whose frontend requires a client certificate: its namespace and search attributes
+    made with the `temporal` CLI (through a port-forward, with that cluster's client certificate), the certificate
+    put in the Secret the guide names, `deploy/overlays/temporal-cluster` applied; the operator's Pod Ready on it,
+    a machine booted through it, the claim's workflow in that Temporal's `homelab` namespace. A session without a
+    certificate is refused there."""
+    needs_autoscaler(pods)
+    s = pods
+    cli = ROOT / ".venv" / "bin" / "temporal"
+    if not cli.is_file():
+        pytest.skip(f"no `temporal` CLI at {cli} (the `dev` extra): `make test`'s virtualenv has it")
+    with s.phase("temporal-cluster: an existing Temporal with frontend mTLS in its own namespace"):
+        existing_temporal(s)
+    folder = s.dir / "existing-temporal-client"
+    folder.mkdir(exist_ok=True)
+    core: Any = k8s.CoreV1Api(s.cluster.admin)
+    issued: dict[str, str] = core.read_namespaced_secret("homelab-autoscaler-temporal-tls", EXISTING).data
+    for key, name in (("tls.crt", "client.pem"), ("tls.key", "client.key"), ("ca.crt", "ca.pem")):
+        (folder / name).write_bytes(base64.b64decode(issued[key]))
+    local = _free()
+    proc = subprocess.Popen([str(s.cluster.bins / "kubectl"), "--kubeconfig", str(s.cluster.admin_kubeconfig), "-n",
+                             EXISTING, "port-forward", "svc/temporal-frontend", f"{local}:7233"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    server_name = f"temporal-frontend.{EXISTING}.svc.cluster.local"
+    connection = ["--address", f"127.0.0.1:{local}", "--tls-cert-path", "client.pem", "--tls-key-path", "client.key",
+                  "--tls-ca-path", "ca.pem", "--tls-server-name", server_name]  # fmt: skip
+
+    def cli_run(command: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A `temporal` command of the guide's (the search attributes' loop one at a time), with the connection."""
+        done = subprocess.run([str(cli), *shlex.split(command)[1:], *connection], capture_output=True, text=True,
+                              timeout=60, cwd=folder, check=False)  # fmt: skip
+        if check and done.returncode != 0:
+            raise AssertionError(f"`{command}`: {done.stderr[-500:]}")
+        return done
+
+    try:
+        with s.phase("temporal-cluster: its namespace and search attributes, by the temporal CLI"):
+            wait_until("the existing Temporal's frontend through the port-forward, with its client certificate",
+                       lambda: cli_run("temporal operator cluster health"), within=120)  # fmt: skip
+            assert "temporal operator namespace create --namespace homelab" in guide_text("install.md")
+            cli_run("temporal operator namespace create --namespace homelab")
+            assert "temporal operator search-attribute create --namespace homelab --name $a --type Keyword" in (
+                guide_text("install.md")
+            )
+            for name, kind in SEARCH_ATTRIBUTES:
+                # The guide's loop, one attribute at a time; a namespace just made may take a moment to be known.
+                command = f"temporal operator search-attribute create --namespace homelab --name {name} --type {kind}"
+                wait_until(f"search attribute {name} in namespace homelab", functools.partial(cli_run, command),
+                           within=60)  # fmt: skip
+            bare = subprocess.run([str(cli), "operator", "namespace", "describe", "--namespace", "homelab",
+                                   "--address", f"127.0.0.1:{local}", "--tls", "--tls-ca-path", "ca.pem",
+                                   "--tls-server-name", server_name],
+                                  capture_output=True, text=True, timeout=60, cwd=folder, check=False)  # fmt: skip
+            assert bare.returncode != 0, f"the existing Temporal served a client without a certificate: {bare.stdout}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    # The operator without the certificate: refused, and it says so in one line, naming what to give.
+    address = f"temporal-frontend.{EXISTING}.svc.cluster.local:7233"
+    out = s.run_pod("operator-without-certificate", f"homelab-autoscaler claims list --temporal-address {address} "
+                    "--temporal-namespace homelab", image=s.images["homelab-autoscaler"])  # fmt: skip
+    phase_, *said = [line for line in out.splitlines() if line.strip()]
+    print(f"\nthe operator with no certificate against the existing Temporal ({phase_}): {said}")
+    assert phase_ == "Failed" and len(said) == 1 and "--temporal-tls-cert" in said[0], out
+    paths = {f"--from-file={k}={f}": Path(f"--from-file={k}={folder / f}")
+             for k, f in (("tls.crt", "client.pem"), ("tls.key", "client.key"), ("ca.crt", "ca.pem"))}  # fmt: skip
+    overlay = s.overlay("temporal-cluster", DEPLOY / "overlays" / "temporal-cluster",
+                        {OPERATOR_IMAGE: s.images["homelab-autoscaler"]})  # fmt: skip
+    with s.phase("temporal-cluster: the client Secret and the overlay applied, Ready"):
+        secret = (
+            "kubectl -n homelab-autoscaler-system create secret generic temporal-client-tls "
+            "--from-file=tls.crt=client.pem --from-file=tls.key=client.key --from-file=ca.crt=ca.pem"
+        )
+        typed(s, secret, paths)
+        typed(s, "kubectl apply -k deploy/overlays/temporal-cluster", {"deploy/overlays/temporal-cluster": overlay})
+        s.rollout(NS, "deployment/homelab-autoscaler")
+    (op,) = operator_pods(s)
+    env = {e.name: e.value for e in op.spec.containers[0].env}
+    assert env["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"] == f"temporal-frontend.{EXISTING}.svc.cluster.local:7233", env
+    assert not op.spec.init_containers, "the bundled Temporal's setup step is left behind"
+    with s.phase("temporal-cluster: a boot"):
+        (name,) = boot(s, len(live(s)) + 1, "a boot through the existing Temporal")
+    once_each(s, [name])
+    described = s.describe_claim(name)  # from the operator's Pod: its address, namespace and certificate
+    assert described["status"] == "RUNNING", described
+    print(f"\nthe claim {name}'s workflow on the existing Temporal (namespace homelab, frontend mTLS): {described}")
 
 
 # --- the end: the machine as found ---------------------------------------------------------------------------------
