@@ -144,6 +144,51 @@ def test_a_difference_is_a_field_the_request_wrote_that_the_servers_stored_diffe
     assert replay.written_differences({"status": {}}, {"status": {}}, {}) == [], "{} and absent mean the same"
 
 
+def _evictions(answers: tuple[int, ...], max_unavailable: tuple[int, ...]) -> list[audit.AuditEvent]:
+    """A drain as the audit log records it: the operator lists the node's Pods and evicts one; a person made (and
+    then relaxed) the budget it meets, which the operator never read; each eviction answered as `answers` says."""
+    op, person = audit.OPERATOR, "kubernetes-admin"
+    pod_ = {"metadata": {"name": "web-1", "namespace": "default", "labels": {"app": "web"}, "uid": "u1"},
+            "spec": {"nodeName": "machine-1", "containers": [{"name": "app", "image": "app:1"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+
+    def budget(n: int) -> dict[str, Any]:
+        return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "web", "namespace": "default", "generation": 1},
+                "spec": {"maxUnavailable": n, "selector": {"matchLabels": {"app": "web"}}}}  # fmt: skip
+
+    def evict(code: int) -> audit.AuditEvent:
+        body = {"kind": "Eviction", "apiVersion": "policy/v1", "metadata": {"name": "web-1", "namespace": "default"}}
+        reason = "TooManyRequests" if code == 429 else ""
+        answer = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "code": code,
+                  "status": "Failure" if code == 429 else "Success", "reason": reason}  # fmt: skip
+        return audit.AuditEvent(op, "create", "", "pods/eviction", "default", "web-1", code, reason,
+                                "/api/v1/namespaces/default/pods/web-1/eviction", body, answer)  # fmt: skip
+
+    out = [audit.AuditEvent(op, "list", "", "pods", "", "", 200, "", "/api/v1/pods?fieldSelector=spec.nodeName%3Dm",
+                            None, {"kind": "PodList", "apiVersion": "v1", "items": [pod_]})]  # fmt: skip
+    uri = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+    for i, (n, code) in enumerate(zip(max_unavailable, answers, strict=True)):
+        verb = "create" if i == 0 else "patch"
+        out.append(audit.AuditEvent(person, verb, "policy", "poddisruptionbudgets", "default", "web", 200, "",
+                                    uri if i == 0 else f"{uri}/web", budget(n), budget(n)))  # fmt: skip
+        out.append(evict(code))
+    return out
+
+
+def test_an_eviction_is_judged_by_the_pod_as_last_listed_and_the_budgets_as_the_log_last_showed_them() -> None:
+    outcomes = replay.replay_all(_evictions((429, 201), (0, 1)), user=audit.OPERATOR)
+    assert [(o.event.code, o.code, o.differences) for o in outcomes if o.event.resource == "pods/eviction"] == [
+        (429, 429, []),
+        (201, 201, []),
+    ]
+    assert len(outcomes) == 3, "the person's writes are learned, not replayed"
+    # A budget the log never showed cannot refuse: the emulator then answers differently, and that is said.
+    (_, refused, allowed) = replay.replay_all([e for e in _evictions((429, 201), (0, 1)) if e.user == audit.OPERATOR])
+    assert refused.differences == ["status 429 TooManyRequests on the real server, 201  here"], refused.differences
+    assert allowed.differences == []
+
+
 # --- the PKI --------------------------------------------------------------------------------------------------------
 def test_the_pki_issues_a_serving_and_a_client_certificate_the_ca_verifies(tmp_path: Path) -> None:
     ca = pki.Authority(tmp_path)

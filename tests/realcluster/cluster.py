@@ -41,7 +41,8 @@ KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node
 # `kubectl logs` from the file its Logs object names (the executor writes its power Pods' output there).
 KWOK_LOGS_CRD = "kwok-crds/kwok.x-k8s.io_logs.yaml"
 # Audit: the operator's requests in full (bodies and responses, for the emulator's replay), everyone's metadata (for
-# the RBAC table), leases and events of the control plane's own components left out (noise).
+# the RBAC table), leases and events of the control plane's own components left out (noise); PodDisruptionBudgets in
+# full, whoever reads or writes them (the eviction replay's judges).
 OPERATOR_USER = "system:serviceaccount:homelab-autoscaler-system:homelab-autoscaler"
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -54,6 +55,12 @@ AUDIT_POLICY = {
             "level": "None",
             "users": ["kwok", "system:kube-scheduler", "system:kube-controller-manager"],
             "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
+        },
+        # The replay seeds an eviction's budgets as the server held them: the operator may be refused by one it never
+        # read (tests/realcluster/replay.py).
+        {
+            "level": "RequestResponse",
+            "resources": [{"group": "policy", "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"]}],
         },
         {"level": "Metadata"},
     ],

@@ -3,9 +3,13 @@ kube-apiserver's audit log recorded it (method, path and query, body, status cod
 again to the strict emulator, and the answers are compared.
 
 Before each request the emulator holds the object it targets as the operator last saw it on the real server (from
-the responses recorded so far), or nothing when the real server answered 404 or the request created it. The
-translations, the only liberties taken: a resourceVersion in a patch's body (compare-and-set) is the emulator's
-current one when the real server accepted it and a stale one when it answered 409; a list or watch's
+the responses recorded so far), or nothing when the real server answered 404 or the request created it. A
+subresource's create acts on its parent: an Eviction (POST pods/NAME/eviction) finds the Pod as the operator last
+listed it, and beside it the namespace's PodDisruptionBudgets as the log last showed them. The operator need not
+have read a budget to be refused by it, so with `user` the others' requests the audit policy records in full (every
+write and read of budgets: the person's, the disruption controller's, the API server's own) are learned, never
+replayed. The translations, the only liberties taken: a resourceVersion in a patch's body (compare-and-set) is the
+emulator's current one when the real server accepted it and a stale one when it answered 409; a list or watch's
 resourceVersion is dropped and a watch's timeoutSeconds is 0 (the emulator's "backlog, then end"). A difference is
 a different status code or reason, or, for a write both accepted, a field the request wrote that the two servers
 stored differently.
@@ -28,6 +32,7 @@ from tests.realcluster.audit import AuditEvent
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (apiGroup, plural, namespace, name)
+BUDGETS = ("policy", "poddisruptionbudgets")
 # What the two servers may store differently without it being a difference: the server's own bookkeeping.
 SERVER_FIELDS = frozenset({"resourceVersion", "uid", "creationTimestamp", "managedFields", "generation",
                            "deletionTimestamp", "selfLink"})  # fmt: skip
@@ -149,6 +154,24 @@ class Replayer:
         result: Obj | None = self.server.call(put)
         return result
 
+    def _seed_budgets(self, namespace: str) -> None:
+        """The namespace's PodDisruptionBudgets as the log last showed them, and no other (an eviction's judges)."""
+        gv, plural = _gv(BUDGETS[0]), BUDGETS[1]
+        held: list[str] = self.server.call(
+            lambda em: [str(b["metadata"]["name"]) for b in em.objects_of(gv, plural, namespace)]
+        )
+        known = {k[3]: obj for k, obj in self.known.items() if k[:3] == (*BUDGETS, namespace)}
+        for name in held:
+            if name not in known:
+                self._seed((*BUDGETS, namespace, name), None)
+        for name, obj in known.items():
+            self._seed((*BUDGETS, namespace, name), obj)
+
+    def learn(self, e: AuditEvent) -> None:
+        """Another user's request, recorded in full: the state it left is known; it is not replayed."""
+        if isinstance(e.response, Mapping):
+            self._learn(e)
+
     def _learn(self, e: AuditEvent) -> None:
         """Keep what the real server answered as the operator's latest view of each object."""
         if not isinstance(e.response, Mapping) or not 200 <= e.code < 300:
@@ -199,6 +222,16 @@ class Replayer:
             query.pop("resourceVersionMatch", None)
             if e.verb == "watch":
                 query["timeoutSeconds"] = ["0"]
+        elif e.verb == "create" and _plural(e.resource)[1]:
+            # A subresource's create (pods/eviction) acts on its parent: there as last seen, or gone (a 404).
+            before = None if e.code == 404 else self.known.get(key)
+            if before is None and e.code != 404:
+                self.unknown += 1
+                self._learn(e)
+                return Outcome(e, 0, "", skipped=True)
+            self._seed(key, before)
+            if e.resource == "pods/eviction":
+                self._seed_budgets(e.namespace)
         elif e.verb == "create":
             name = (body or {}).get("metadata", {}).get("name") or e.name
             self._seed((key[0], key[1], key[2], name), self.known.get((key[0], key[1], key[2], name)) if e.code == 409
@@ -232,9 +265,16 @@ class Replayer:
         return out
 
 
-def replay_all(events: Iterable[AuditEvent]) -> list[Outcome]:
+def replay_all(events: Iterable[AuditEvent], user: str = "") -> list[Outcome]:
+    """Replay `events` in order; with `user`, only that user's, the others' (recorded in full) learned."""
     with Replayer() as r:
-        return [r.replay(e) for e in events]
+        outcomes: list[Outcome] = []
+        for e in events:
+            if user and e.user != user:
+                r.learn(e)
+            else:
+                outcomes.append(r.replay(e))
+        return outcomes
 
 
 def report(outcomes: list[Outcome]) -> tuple[str, list[str]]:

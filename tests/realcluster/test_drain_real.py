@@ -11,21 +11,39 @@ Two machines of `workers` are on when the operator starts (adopted). Each gets a
    cluster-autoscaler's `safe-to-evict: "false"`, still blocked a round later; until the claim is annotated
    `infra.homecluster.dev/force-drain=true`.
 The claim's Events are printed while blocked and after (what `kubectl describe nodeclaim` shows).
+3. Law 3: the first machine again, no claim wanting it. With the operator's worker stopped (no workflow acts, as
+   during a take-over), a person switches it on and a Deployment's Pod that prefers it (preferred node affinity, 3
+   CPUs) is scheduled there; the spare is switched on too (a slot never claimed: adopted), with room. The worker
+   started again, law 3 cordons the machine, evicts the Pod and powers the machine off. What is observed, and how:
+   one watch of every Pod orders the Pods' changes as the server stored them: the Pod terminating, then deleted,
+   and its replacement Running and Ready on the spare (the real scheduler's choice), all before the shutdown Job's
+   Pod is created, so before it starts (the Job object itself is not in that order: the audit log shows the
+   operator's one Eviction of the Pod answered 201 before its POST of the shutdown Job). The machine ends off: the
+   executor played the shutdown Pod, the Node is not Ready, the slot says MachineReleased.
+4. Every request of the operator in this module, replayed against the strict emulator (replay.py), the budgets as
+   the real server held them: no difference.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from api import names
+from tests.realcluster import audit, replay
 from tests.realcluster.cluster import wait_until
 from tests.realcluster.stack import NS, Stack, kept, phase
 
@@ -207,3 +225,247 @@ def test_2_a_do_not_disrupt_pod_blocks_the_power_off_until_the_force_annotation(
         raise AssertionError(f"annotate {claim}: {exc}") from exc
     power_off_follows_only_once_drained(s, slot, claim, within=180)
     assert shutdown_jobs(s, slot)
+
+
+# --- law 3: a machine on that no claim wants, with a Deployment's Pod on it --------------------------------------
+@dataclass(frozen=True)
+class PodEvent:
+    """One Pod event as the watch delivered it."""
+
+    kind: str  # ADDED, MODIFIED, DELETED
+    namespace: str
+    name: str
+    node: str
+    phase: str
+    ready: bool
+    terminating: bool
+    labels: dict[str, str]
+
+    def __str__(self) -> str:
+        state = "terminating" if self.terminating else f"{self.phase}{', Ready' if self.ready else ''}"
+        return f"{self.kind:<8} {self.namespace}/{self.name} on {self.node or '(unscheduled)'}: {state}"
+
+
+class PodWatch:
+    """Every Pod event of the cluster between `start()` and `stop()`, in the order of one watch resumed from its last
+    resourceVersion: the API server's watch cache sends a resource's events in the order they were written, so an
+    index here orders two Pods' changes (a workload's and a power Job's) as the server stored them. Each connection
+    is bounded (5 s); a watch that fails (410 Gone, a broken connection) ends the recording and says so in `errors`.
+    """
+
+    def __init__(self, s: Stack) -> None:
+        self.core: Any = k8s.CoreV1Api(s.cluster.admin)
+        self.events: list[PodEvent] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PodWatch:
+        version = str(self.core.list_pod_for_all_namespaces(_request_timeout=10).metadata.resource_version)
+        self._thread = threading.Thread(target=self._run, args=(version,), name="pod-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(20)
+            assert not self._thread.is_alive(), "the Pod watch did not end within 20 s of being told to"
+
+    def _run(self, version: str) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = k8s_watch.Watch().stream(
+                    self.core.list_pod_for_all_namespaces, resource_version=version, timeout_seconds=5,
+                    _request_timeout=15, deserialize=False,
+                )  # fmt: skip
+                for raw in stream:
+                    event = json.loads(raw) if isinstance(raw, str) else raw
+                    obj = event["object"]
+                    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+                    version = str(meta["resourceVersion"])
+                    conditions = status.get("conditions") or []
+                    self.events.append(PodEvent(
+                        kind=str(event["type"]), namespace=str(meta.get("namespace", "")), name=str(meta["name"]),
+                        node=str(spec.get("nodeName") or ""), phase=str(status.get("phase") or ""),
+                        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+                        terminating=bool(meta.get("deletionTimestamp")), labels=dict(meta.get("labels") or {}),
+                    ))  # fmt: skip
+            except Exception as exc:  # a harness thread reports, never dies silently
+                self.errors.append(f"the Pod watch from resourceVersion {version} failed: {exc!r}")
+                return
+
+
+def first(events: list[PodEvent], what: str, check: Callable[[PodEvent], bool]) -> int:
+    """The index of the first event that passes `check`; fails naming `what` and what the watch saw."""
+    for i, e in enumerate(events):
+        if check(e):
+            return i
+    seen = "\n".join(f"  {i:>4} {e}" for i, e in enumerate(events) if e.namespace in (NS, WORKLOAD_NS))
+    raise AssertionError(f"the Pod watch never saw {what}; it saw:\n{seen}")
+
+
+def clear_workloads(s: Stack) -> None:
+    """The first cases' Deployments and budget go, and their Pods with them (they wait, pending, for machines now
+    off, and would take the room of the next workload on the machine that comes on)."""
+    apps: Any = k8s.AppsV1Api(s.cluster.admin)
+    core: Any = k8s.CoreV1Api(s.cluster.admin)
+    for name in ("guarded", "held"):
+        with absent_ok():
+            apps.delete_namespaced_deployment(name, WORKLOAD_NS, propagation_policy="Foreground")
+    with absent_ok():
+        k8s.PolicyV1Api(s.cluster.admin).delete_namespaced_pod_disruption_budget("guarded", WORKLOAD_NS)
+
+    def gone() -> bool:
+        left = core.list_namespaced_pod(WORKLOAD_NS).items
+        return not apps.list_namespaced_deployment(WORKLOAD_NS).items and not left
+
+    wait_until(f"the first cases' Deployments and Pods to be gone from {WORKLOAD_NS}", gone, within=90)
+
+
+@contextlib.contextmanager
+def absent_ok() -> Iterator[None]:
+    """A 404 is no failure: what is to be deleted may be gone already."""
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def movable_workload(s: Stack, name: str, node: str) -> None:
+    """A Deployment's Pod that prefers `node` (preferred node affinity) but may run on any machine with room: where
+    it runs after an eviction is the real scheduler's choice."""
+    apps: Any = k8s.AppsV1Api(s.cluster.admin)
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+    apps.create_namespaced_deployment(WORKLOAD_NS, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {
+            "replicas": 1, "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "preference": term}]}},
+                    "containers": [{"name": "app", "image": "registry.homelab.test/app:1.0",
+                                    "resources": {"requests": {"cpu": "3", "memory": "1Gi"}}}],
+                },
+            },
+        },
+    })  # fmt: skip
+
+
+def said_count(s: Stack, slot: str, reason: str) -> int:
+    """How many times the slot said `reason` (an Event repeated is one object with a count)."""
+    return sum(e.count or 1 for e in events(s, names.KIND_NODE, slot) if e.reason == reason)
+
+
+def law3_shutdown_jobs(events: list[audit.AuditEvent], slot: str) -> list[int]:
+    """Indexes of the operator's accepted creates of a law-3 shutdown Job for `slot` (the slot's alone: no claim)."""
+    out = []
+    for i, e in enumerate(events):
+        labels = ((e.request or {}).get("metadata") or {}).get("labels") or {}
+        if (
+            (e.user, e.verb, e.resource, e.code) == (audit.OPERATOR, "create", "jobs", 201)
+            and labels.get(names.LABEL_JOB_TYPE) == "shutdown"
+            and labels.get(names.LABEL_NODE) == slot
+            and names.LABEL_NODECLAIM not in labels
+        ):
+            out.append(i)
+    return out
+
+
+def test_3_law_3_drains_a_machine_switched_on_by_hand_and_its_pod_runs_elsewhere_before_the_power_off(
+    stack: Stack, placed: tuple[str, str]
+) -> None:
+    s, slot = stack, placed[0]
+    spare = s.homelab.slots_of("spares")[0].name
+    clear_workloads(s)
+    # The first case's power-off deleted the Node (powerOffNodePolicy Delete): the machine comes back uncordoned.
+    wait_until(f"the Node of {slot} to be deleted after the first case", lambda: s.node(slot) is None, within=120)
+    # The worker is stopped, so no workflow of the operator acts while a person switches the machine on and the
+    # scheduler puts a Pod on it (with it running, law 3 would cordon the node within a second of its coming up).
+    worker = s.roles["worker"]
+    worker.stop()
+    s.executor.power_on(slot)
+    wait_until(f"{slot}, switched on by hand, Ready", lambda: s.node_ready(slot), within=60)
+    movable_workload(s, "moved", slot)
+
+    def running_on(node: str) -> list[Any]:
+        return [p for p in slot_pods(s, node) if p.metadata.labels.get("app") == "moved"
+                and p.status.phase == "Running"]  # fmt: skip
+
+    (pod,) = wait_until(f"the Deployment's Pod Running on {slot}", lambda: running_on(slot), within=60)
+    moved = str(pod.metadata.name)
+    # Room elsewhere: the spare, switched on too (a slot never claimed: the operator adopts it, a ready claim).
+    s.executor.power_on(spare)
+    wait_until(f"{spare}, switched on by hand, Ready", lambda: s.node_ready(spare), within=60)
+    shutdowns = len([r for r in s.executor.records if r.slot == slot and r.operation == "shutdown"])
+    released = said_count(s, slot, names.EventReason.MACHINE_RELEASED)
+    pods = PodWatch(s).start()
+    try:
+        s.restart_role("worker")
+
+        def off() -> bool:
+            played = [r for r in s.executor.records if r.slot == slot and r.operation == "shutdown"]
+            return (len(played) > shutdowns and played[-1].outcome == "succeeded" and not s.node_ready(slot)
+                    and said_count(s, slot, names.EventReason.MACHINE_RELEASED) > released)  # fmt: skip
+
+        wait_until(f"{slot} powered off by law 3 (its shutdown Pod played, MachineReleased said)", off, within=180)
+    finally:
+        pods.stop()
+    assert not pods.errors, pods.errors
+    ev = pods.events
+
+    def shutdown_pod(e: PodEvent) -> bool:
+        return (
+            e.namespace == NS
+            and e.labels.get(names.LABEL_JOB_TYPE) == "shutdown"
+            and e.labels.get(names.LABEL_NODE) == slot
+        )
+
+    created = first(ev, f"the shutdown Job's Pod for {slot}", shutdown_pod)
+    started = first(ev, "the shutdown Job's Pod Running", lambda e: shutdown_pod(e) and e.phase == "Running")
+    evicted = first(ev, f"{moved} terminating on {slot}", lambda e: e.name == moved and e.terminating)
+    gone = first(ev, f"{moved} deleted", lambda e: e.name == moved and e.kind == "DELETED")
+    elsewhere = first(ev, "the Deployment's new Pod Running and Ready on another node", lambda e: (
+        e.labels.get("app") == "moved" and e.name != moved and e.node not in ("", slot) and e.phase == "Running"
+        and e.ready and not e.terminating))  # fmt: skip
+    marks = {evicted: "evicted (terminating)", gone: "gone", elsewhere: "new Pod Running elsewhere",
+             created: "shutdown Job's Pod created", started: "shutdown Job's Pod Running"}  # fmt: skip
+    print(f"\n--- law 3 on {slot}: the Pod watch, in the server's order ---")
+    for i, e in enumerate(ev):
+        if e.namespace == WORKLOAD_NS or shutdown_pod(e):
+            print(f"  {i:>4} {e}" + (f"   <- {marks[i]}" if i in marks else ""))
+    assert evicted <= gone < created, f"{moved} was still on {slot} when the shutdown Job's Pod was created"
+    assert elsewhere < created <= started, "the Deployment's Pod was not Running elsewhere before the power-off"
+    assert ev[elsewhere].node == spare, f"rescheduled onto {ev[elsewhere].node}, not the spare with room"
+    # Through the Eviction API, answered before the operator asked for the shutdown Job.
+    logged = list(audit.read(s.cluster.audit_log))
+    evictions = [i for i, e in enumerate(logged)
+                 if e.user == audit.OPERATOR and e.resource == "pods/eviction" and e.name == moved]  # fmt: skip
+    jobs = law3_shutdown_jobs(logged, slot)
+    assert evictions and jobs, f"evictions of {moved} {evictions}, law-3 shutdown Jobs of {slot} {jobs}"
+    assert [logged[i].code for i in evictions] == [201] and evictions[0] < jobs[0], [logged[i].code for i in evictions]
+    # The machine is off, the workload runs on, and the spare (adopted) is left alone.
+    assert [p.metadata.name for p in running_on(spare)] == [ev[elsewhere].name]
+    adopted = [c for c in s.claims() if c["spec"]["node"] == spare and phase(c) == "ready"]
+    assert adopted and not shutdown_jobs(s, spare), (adopted, shutdown_jobs(s, spare))
+
+
+def test_4_the_emulator_answers_the_drains_requests_as_the_real_server_did(stack: Stack) -> None:
+    """Every request of the operator in this module (its Eviction POSTs refused 429 and accepted 201, its Pod lists,
+    budget reads, cordons, forced deletes, shutdown Jobs), replayed against the strict emulator (replay.py), the
+    budgets as the real server held them learned from the others' requests."""
+    events = list(audit.read(stack.cluster.audit_log))
+    outcomes = replay.replay_all(events, user=audit.OPERATOR)
+    table, differences = replay.report(outcomes)
+    print(f"\nthe operator's {len(outcomes)} requests, replayed against the strict emulator:\n{table}")
+    print(f"{len(differences)} distinct differences" + "".join(f"\n- {d}" for d in differences))
+    judged = Counter((o.shape, o.event.code) for o in outcomes if not o.skipped)
+    drain = [("create core/pods/eviction", 429), ("create core/pods/eviction", 201),
+             ("list policy/poddisruptionbudgets", 200), ("list core/pods", 200), ("patch core/nodes", 200),
+             ("delete core/pods", 200)]  # fmt: skip
+    missing = [k for k in drain if not judged[k]]
+    assert not missing, f"the drain's requests were not all replayed: {missing}"
+    assert differences == [], "the emulator answers differently from the real server (docs/realcluster.md)"
