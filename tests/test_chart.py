@@ -221,6 +221,7 @@ def test_the_default_install_is_temporal_on_postgresql_never_the_dev_server() ->
     assert kinds == {
         ("StatefulSet", "temporal-postgresql"),
         ("Service", "temporal-postgresql"),
+        ("Service", "temporal-postgresql-headless"),
         ("ConfigMap", "temporal-config"),
         ("Deployment", "temporal-server"),
         ("Service", "temporal-frontend"),
