@@ -766,6 +766,84 @@ def test_the_operators_pod_force_deleted_mid_boot(pods: PodStack) -> None:
     assert [c.status for c in s.room.calls_of(slot, "on")] == [200], s.room.calls_of(slot, "on")
 
 
+# Every leaf certificate the certs step keeps in the default install (the webhook's is components/admission's).
+ROTATED = ("homelab-autoscaler-provider-tls", "cluster-autoscaler-client-tls", "temporal-frontend-tls",
+           "homelab-autoscaler-temporal-tls", "temporal-web-tls")  # fmt: skip
+
+
+def power_jobs(s: PodStack) -> set[str]:
+    """The power Jobs the operator has made (and not yet collected)."""
+    batch: Any = k8s.BatchV1Api(s.cluster.admin)
+    return {j.metadata.name for j in batch.list_namespaced_job(NS, label_selector=MANAGED).items}
+
+
+def container_restarts(pod: Any, container: str) -> int:
+    (status,) = [c for c in pod.status.container_statuses or [] if c.name == container]
+    return int(status.restart_count)
+
+
+def temporal_pod(s: PodStack, component: str) -> Any:
+    (pod,) = [p for p in core(s).list_namespaced_pod(
+        NS, label_selector=f"app.kubernetes.io/name=temporal,app.kubernetes.io/component={component}").items
+        if p.metadata.deletion_timestamp is None]  # fmt: skip
+    return pod
+
+
+def test_the_certificates_issued_anew_mid_story(pods: PodStack) -> None:
+    """Issue 43, part 5's rotation: every leaf certificate of the install issued anew by the same CA while claims are
+    ready (their Secrets deleted, the certs CronJob run at once: `kubectl create job --from=cronjob/...`). The
+    Temporal server and the Web UI take theirs from the mounted files without a restart; the operator, whose
+    Temporal SDK cannot, stops itself once, saying why, and its container starts again with the new one; the claims
+    are untouched, their workflows read through the new certificates, and the story goes on over them (the next
+    steps scale down and boot through the provider)."""
+    needs_autoscaler(pods)
+    s = pods
+    c = core(s)
+    before = {n: c.read_namespaced_secret(n, NS).data for n in ROTATED}
+    (operator,) = operator_pods(s)
+    restarts = container_restarts(operator, "homelab-autoscaler")
+    server, web = temporal_pod(s, "server"), temporal_pod(s, "web")
+    ready = sorted(n for n, claim in by_name(s).items() if phase(claim) == "ready")
+    jobs = power_jobs(s)
+    with s.phase("fault: every certificate issued anew mid-story"):
+        for name in ROTATED:
+            s.cluster.kubectl("-n", NS, "delete", "secret", name)
+        s.cluster.kubectl("-n", NS, "create", "job", "--from=cronjob/homelab-autoscaler-certs", "certs-now")
+        s.cluster.kubectl("-n", NS, "wait", "--for=condition=complete", "job/certs-now", "--timeout=180s",
+                          timeout=210)  # fmt: skip
+        after = {n: c.read_namespaced_secret(n, NS).data for n in ROTATED}
+        for name in ROTATED:
+            assert after[name]["tls.crt"] != before[name]["tls.crt"], f"{name} was not issued anew"
+            assert after[name]["ca.crt"] == before[name]["ca.crt"], f"{name}: the CA changed"
+
+        def restarted() -> bool:
+            (pod,) = operator_pods(s)
+            now = container_restarts(pod, "homelab-autoscaler")
+            (status,) = [x for x in pod.status.container_statuses if x.name == "homelab-autoscaler"]
+            if now != restarts + 1 or not status.ready:
+                raise AssertionError(f"{pod.metadata.name}: {now - restarts} restarts since, ready={status.ready}")
+            return True
+
+        wait_until("the operator's container started again with its renewed Temporal certificate, Ready", restarted,
+                   within=300)  # fmt: skip
+    (operator,) = operator_pods(s)
+    said = s.cluster.kubectl("-n", NS, "logs", operator.metadata.name, "-c", "homelab-autoscaler", "--previous").stdout
+    assert "the Temporal client certificate was renewed" in said, said[-2000:]
+    for was, now in ((server, temporal_pod(s, "server")), (web, temporal_pod(s, "web"))):
+        assert now.metadata.uid == was.metadata.uid, f"{was.metadata.name} was replaced"
+        container = was.spec.containers[0].name
+        assert container_restarts(now, container) == container_restarts(was, container), f"{container} restarted"
+    for name in ready:
+        assert s.describe_claim(name)["status"] == "RUNNING"  # through the operator's new certificate
+        assert phase(by_name(s)[name]) == "ready"
+    assert power_jobs(s) <= jobs, "the rotation made a power Job"
+    GUIDE.append(("(the Web UI after the rotation)", "run: " + web_ui_lists(s, ready)))
+    print(
+        f"\nrotated {', '.join(ROTATED)}: the operator restarted once ({operator.metadata.name}), the Temporal "
+        f"server and the Web UI kept their Pods; claims {ready} untouched"
+    )
+
+
 def empty_ready_machines(s: PodStack) -> list[str]:
     """Machines Ready with no Pod bound to them."""
     busy = {p.spec.node_name for p in core(s).list_pod_for_all_namespaces().items if p.spec.node_name}
