@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -238,56 +238,6 @@ def test_the_web_ui_through_the_guides_port_forward(pods: PodStack) -> None:
     GUIDE.append((command, "run" if local == 8233 else f"run on local port {local} (8233 was taken)"))
 
 
-def test_temporal_through_the_guides_port_forward_only_with_the_operators_certificate(pods: PodStack) -> None:
-    """docs/install.md's way in to the bundled Temporal, typed: the operator's client certificate read from its
-    Secret, `kubectl port-forward svc/temporal-frontend 7233`, then the `temporal` CLI with it lists workflows; the
-    same command without the client certificate is refused by the frontend itself (mTLS: the port-forward comes from
-    the node, which NetworkPolicies do not stop)."""
-    cli = ROOT / ".venv" / "bin" / "temporal"
-    if not cli.is_file():
-        pytest.skip(f"no `temporal` CLI at {cli} (the `dev` extra): `make test`'s virtualenv has it")
-    text = guide_text("install.md")
-    folder = pods.dir / "temporal-cli"
-    folder.mkdir(exist_ok=True)
-    secret = "homelab-autoscaler-temporal-tls"
-    for key in ("tls.crt", "tls.key", "ca.crt"):
-        escaped = key.replace(".", "\\.")  # jsonpath's: a dot inside a key
-        read = f"kubectl -n homelab-autoscaler-system get secret {secret} -o 'jsonpath={{.data.{escaped}}}'"
-        line = f"{read} | base64 -d > {key}"
-        assert line in text, f"docs/install.md does not say `{line}`"
-        encoded = typed(pods, read)
-        (folder / key).write_bytes(base64.b64decode(encoded))
-    forward = "kubectl -n homelab-autoscaler-system port-forward svc/temporal-frontend 7233 &"
-    assert forward in text, f"docs/install.md does not say `{forward}`"
-    local = _free()
-    args = [*shlex.split(forward.removesuffix(" &"))[1:-1], f"{local}:7233"]
-    proc = subprocess.Popen([str(pods.cluster.bins / "kubectl"), "--kubeconfig", str(pods.cluster.admin_kubeconfig),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    listing = next(line for line in text.splitlines() if line.startswith("temporal workflow list --address"))
-    command = [str(cli), *shlex.split(listing)[1:]]
-    command[command.index("127.0.0.1:7233")] = f"127.0.0.1:{local}"
-    try:
-
-        def listed() -> str:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=folder, check=False)
-            if done.returncode != 0:
-                raise AssertionError(done.stderr[-500:])
-            return done.stdout or "(none yet)"
-
-        out = wait_until("`temporal workflow list` with the operator's certificate through the port-forward", listed,
-                         within=60)  # fmt: skip
-        without = [a for i, a in enumerate(command) if a not in ("--tls-cert-path", "--tls-key-path")
-                   and command[i - 1] not in ("--tls-cert-path", "--tls-key-path")]  # fmt: skip
-        refused = subprocess.run(without, capture_output=True, text=True, timeout=60, cwd=folder, check=False)
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    GUIDE.append(("(the temporal CLI through the port-forward)", "run: listed with the operator's certificate"))
-    print(f"\n`temporal workflow list` through the guide's port-forward, with the operator's certificate:\n{out}"
-          f"\nwithout it: exit {refused.returncode}: {refused.stderr.strip()[-300:]}")  # fmt: skip
-    assert refused.returncode != 0, refused.stdout
-
-
 def _free() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -472,17 +422,73 @@ def once_each(s: PodStack, names: list[str]) -> None:
 
 @dataclass
 class Busiest:
-    """`kubectl get pods -A -o wide` at the story's moments; the one with the most Pods is printed at the end."""
+    """`kubectl get pods -A -o wide` at the story's moments; the one with the most Pods is printed at the end, with
+    what each container of the install used then (the kubelet's summary)."""
 
     text: str = ""
     pods: int = 0
     when: str = ""
+    used: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     def sample(self, s: PodStack, when: str) -> None:
         out = s.cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout
         count = len(out.strip().splitlines()) - 1
         if count > self.pods:
             self.text, self.pods, self.when = out, count, when
+            self.used = footprint(s)
+
+
+def footprint(s: PodStack) -> dict[tuple[str, str], tuple[float, float]]:
+    """What each container of the install's Pods uses now, by (Pod's name up to its hash, container): working-set
+    memory in MiB and CPU in millicores, as the kubelet's /stats/summary reports them (what metrics-server serves)."""
+    raw = s.cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/stats/summary").stdout
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for pod in json.loads(raw).get("pods", []):
+        if pod["podRef"]["namespace"] != NS:
+            continue
+        owner = re.sub(r"(-[a-z0-9]{8,10})?-[a-z0-9]{5}$", "", pod["podRef"]["name"])
+        for c in pod.get("containers", []):
+            memory = (c.get("memory") or {}).get("workingSetBytes") or 0
+            cpu = (c.get("cpu") or {}).get("usageNanoCores") or 0
+            out[(owner, c["name"])] = (memory / 2**20, cpu / 1e6)
+    return out
+
+
+def footprint_table(s: PodStack, rest: dict[tuple[str, str], tuple[float, float]],
+                    busiest: dict[tuple[str, str], tuple[float, float]]) -> str:  # fmt: skip
+    """Each long-running container of the install: its requests and limits beside what it used at rest and at the
+    story's busiest moment."""
+    asked: dict[tuple[str, str], str] = {}
+    apps: Any = k8s.AppsV1Api(s.cluster.admin)
+    workloads = [*apps.list_namespaced_deployment(NS).items, *apps.list_namespaced_stateful_set(NS).items]
+    for w in workloads:
+        for c in w.spec.template.spec.containers:
+            r = c.resources
+            requests, limits = r.requests or {}, r.limits or {}
+            asked[(w.metadata.name, c.name)] = (f"{requests.get('cpu', '-')}/{requests.get('memory', '-')}"
+                                                f" limit {limits.get('memory', '-')}")  # fmt: skip
+    rows = [f"{'container':<44} {'requests cpu/memory, limit':<28} {'at rest':>18} {'busiest':>18}"]
+    for key in sorted(asked):
+
+        def cell(found: dict[tuple[str, str], tuple[float, float]], key: tuple[str, str] = key) -> str:
+            return f"{found[key][0]:.0f} MiB {found[key][1]:.0f}m" if key in found else "-"
+
+        rows.append(f"{'/'.join(key):<44} {asked[key]:<28} {cell(rest):>18} {cell(busiest):>18}")
+    return "\n".join(rows)
+
+
+def claims_created(s: PodStack) -> int:
+    """NodeClaims created so far (the API server's audit log: each a lifecycle begun)."""
+    return sum(1 for e in audit.read(s.cluster.audit_log)
+               if e.verb == "create" and e.resource == "nodeclaims" and e.code == 201)  # fmt: skip
+
+
+def database_bytes(s: PodStack) -> int:
+    """The bundled PostgreSQL's two databases, in bytes (pg_database_size), read in its Pod over its socket."""
+    query = "SELECT pg_database_size('temporal') + pg_database_size('temporal_visibility')"
+    out = s.cluster.kubectl("-n", NS, "exec", "temporal-postgresql-0", "-c", "postgresql", "--", "psql", "-U",
+                            "temporal", "-d", "postgres", "-tAc", query).stdout  # fmt: skip
+    return int(out.strip())
 
 
 BUSIEST = Busiest()
@@ -604,6 +610,56 @@ def test_a_rollout_of_a_new_image_while_claims_are_in_flight(pods: PodStack) -> 
     GUIDE.append(("(the Web UI after the upgrade)", "run: " + web_ui_lists(s, names)))
 
 
+def test_temporal_through_the_guides_port_forward_only_with_the_operators_certificate(pods: PodStack) -> None:
+    """docs/install.md's way in to the bundled Temporal, typed: the operator's client certificate read from its
+    Secret, `kubectl port-forward svc/temporal-frontend 7233`, then the `temporal` CLI with it lists workflows; the
+    same command without the client certificate is refused by the frontend itself (mTLS: the port-forward comes from
+    the node, which NetworkPolicies do not stop). After the upgrade: the previous release's dev server had none."""
+    cli = ROOT / ".venv" / "bin" / "temporal"
+    if not cli.is_file():
+        pytest.skip(f"no `temporal` CLI at {cli} (the `dev` extra): `make test`'s virtualenv has it")
+    text = guide_text("install.md")
+    folder = pods.dir / "temporal-cli"
+    folder.mkdir(exist_ok=True)
+    secret = "homelab-autoscaler-temporal-tls"
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        escaped = key.replace(".", "\\.")  # jsonpath's: a dot inside a key
+        read = f"kubectl -n homelab-autoscaler-system get secret {secret} -o 'jsonpath={{.data.{escaped}}}'"
+        line = f"{read} | base64 -d > {key}"
+        assert line in text, f"docs/install.md does not say `{line}`"
+        encoded = typed(pods, read)
+        (folder / key).write_bytes(base64.b64decode(encoded))
+    forward = "kubectl -n homelab-autoscaler-system port-forward svc/temporal-frontend 7233 &"
+    assert forward in text, f"docs/install.md does not say `{forward}`"
+    local = _free()
+    args = [*shlex.split(forward.removesuffix(" &"))[1:-1], f"{local}:7233"]
+    proc = subprocess.Popen([str(pods.cluster.bins / "kubectl"), "--kubeconfig", str(pods.cluster.admin_kubeconfig),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    listing = next(line for line in text.splitlines() if line.startswith("temporal workflow list --address"))
+    command = [str(cli), *shlex.split(listing)[1:]]
+    command[command.index("127.0.0.1:7233")] = f"127.0.0.1:{local}"
+    try:
+
+        def listed() -> str:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=folder, check=False)
+            if done.returncode != 0:
+                raise AssertionError(done.stderr[-500:])
+            return done.stdout or "(none yet)"
+
+        out = wait_until("`temporal workflow list` with the operator's certificate through the port-forward", listed,
+                         within=60)  # fmt: skip
+        without = [a for i, a in enumerate(command) if a not in ("--tls-cert-path", "--tls-key-path")
+                   and command[i - 1] not in ("--tls-cert-path", "--tls-key-path")]  # fmt: skip
+        refused = subprocess.run(without, capture_output=True, text=True, timeout=60, cwd=folder, check=False)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    GUIDE.append(("(the temporal CLI through the port-forward)", "run: listed with the operator's certificate"))
+    print(f"\n`temporal workflow list` through the guide's port-forward, with the operator's certificate:\n{out}"
+          f"\nwithout it: exit {refused.returncode}: {refused.stderr.strip()[-300:]}")  # fmt: skip
+    assert refused.returncode != 0, refused.stdout
+
+
 def web_ui_lists(s: PodStack, names: list[str]) -> str:
     """The Web UI (through the guide's port-forward) lists the claims' workflows: its server asks Temporal's
     visibility, on PostgreSQL here."""
@@ -645,6 +701,9 @@ def test_the_doors_closed_to_a_pod_that_tries_and_open_to_the_right_ones(pods: P
     certificate; the operator's own Pod reaches Temporal's frontend and not PostgreSQL, and the frontend refuses it a
     session without the Pod's client certificate."""
     s = pods
+    # The story at rest (no claim in flight, the upgrade behind it): what the install uses, and its database's size.
+    STATE["at rest"], STATE["database at rest"] = footprint(s), database_bytes(s)
+    STATE["claims at rest"] = claims_created(s)
     namespace, labels = INTRUDER
     attempts: list[doors.Attempt] = []
     try:
@@ -987,6 +1046,15 @@ def test_the_workload_goes_and_every_machine_is_powered_off(pods: PodStack) -> N
     touched = {e.name for e in audit.read(s.cluster.audit_log)
                if e.user == audit.AUTOSCALER and e.resource == "nodes" and e.verb in writes}  # fmt: skip
     assert touched and NODE_NAME not in touched, touched
+    if "database at rest" in STATE:
+        grown = database_bytes(s) - STATE["database at rest"]
+        lifecycles = claims_created(s) - STATE["claims at rest"]
+        STATE["bytes per lifecycle"] = (grown, lifecycles)
+        print(f"\nPostgreSQL (temporal + temporal_visibility) grew {grown / 2**10:.0f} KiB over {lifecycles} claim "
+              f"lifecycles begun and ended since the story was at rest (and the scale-downs of the claims live then):"
+              f" {grown / max(lifecycles, 1) / 2**10:.0f} KiB each")  # fmt: skip
+    if "at rest" in STATE:
+        STATE["footprint"] = footprint_table(s, STATE["at rest"], BUSIEST.used)
 
 
 # --- next to an existing Temporal with frontend mTLS (issue 40) -----------------------------------------------------
@@ -1128,6 +1196,8 @@ def test_zz_the_machine_is_left_as_found(pods: PodStack) -> None:
             f"\nkubectl get pods -A -o wide at the story's busiest moment ({BUSIEST.when}, {BUSIEST.pods} "
             f"Pods):\n{BUSIEST.text}"
         )
+    if STATE.get("footprint"):
+        print(f"\nthe install's containers, asked and used (the kubelet's summary):\n{STATE['footprint']}")
     if theirs:
         print("appeared meanwhile, not the run's (the machine is shared):\n" + yaml.safe_dump(theirs))
     assert not ours, "the run left the machine changed:\n" + yaml.safe_dump(ours)
