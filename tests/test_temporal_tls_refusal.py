@@ -5,6 +5,7 @@ frontend on the real node: tests/realcluster/test_pods.py, the temporal-cluster 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import ssl
 from collections.abc import AsyncIterator
@@ -33,10 +34,8 @@ async def mtls_listener(tmp_path: Path) -> AsyncIterator[tuple[int, Path]]:
     context.set_alpn_protocols(["h2"])
 
     async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
+        with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
             await asyncio.wait_for(reader.read(1024), 10)
-        except (OSError, TimeoutError, ssl.SSLError):
-            pass
         writer.close()
 
     server = await asyncio.start_server(session, "127.0.0.1", 0, ssl=context)
