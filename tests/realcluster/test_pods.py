@@ -1166,6 +1166,8 @@ def test_the_temporal_cluster_overlay_next_to_a_temporal_with_frontend_mtls(pods
             "--from-file=tls.crt=client.pem --from-file=tls.key=client.key --from-file=ca.crt=ca.pem"
         )
         typed(s, secret, paths)
+        # A switch: the certs Job of the bundled install (its template asks for Temporal's certificates) goes first.
+        typed(s, "kubectl -n homelab-autoscaler-system delete job homelab-autoscaler-certs --ignore-not-found")
         typed(s, "kubectl apply -k deploy/overlays/temporal-cluster", {"deploy/overlays/temporal-cluster": overlay})
         s.rollout(NS, "deployment/homelab-autoscaler")
     (op,) = operator_pods(s)
