@@ -8,6 +8,7 @@ The tests run in order on one stack; the last one stops it and checks the machin
 from __future__ import annotations
 
 import base64
+import datetime
 import functools
 import json
 import os
@@ -864,6 +865,7 @@ def test_the_certificates_issued_anew_mid_story(pods: PodStack) -> None:
     server, web = temporal_pod(s, "server"), temporal_pod(s, "web")
     ready = sorted(n for n, claim in by_name(s).items() if phase(claim) == "ready")
     jobs = power_jobs(s)
+    began = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with s.phase("fault: every certificate issued anew mid-story"):
         for name in ROTATED:
             s.cluster.kubectl("-n", NS, "delete", "secret", name)
@@ -897,6 +899,12 @@ def test_the_certificates_issued_anew_mid_story(pods: PodStack) -> None:
         assert phase(by_name(s)[name]) == "ready"
     assert power_jobs(s) <= jobs, "the rotation made a power Job"
     GUIDE.append(("(the Web UI after the rotation)", "run: " + web_ui_lists(s, ready)))
+    # What cluster-autoscaler saw of it: the provider's own certificate rotates without a refused call, but the
+    # operator's restart (its Temporal certificate) leaves the provider away for the seconds it takes to start.
+    seen = s.cluster.kubectl("-n", NS, "logs", "deployment/cluster-autoscaler", f"--since-time={began}").stdout
+    refused = [line for line in seen.splitlines() if "rpc error" in line or "connection refused" in line]
+    print(f"\ncluster-autoscaler's calls to the provider refused across the rotation: {len(refused)}"
+          + "".join(f"\n  {line[:240]}" for line in refused[:10]))  # fmt: skip
     print(
         f"\nrotated {', '.join(ROTATED)}: the operator restarted once ({operator.metadata.name}), the Temporal "
         f"server and the Web UI kept their Pods; claims {ready} untouched"
