@@ -34,6 +34,7 @@ from bench.procs import (
     wait_until,
 )
 from bench.report import Report, Row, ms, percentile
+from bench.stack import Stack
 from bench.stages import p1_stages
 from bench.tasks import TaskTrouble, task_trouble
 from bench.trivial import OneActivity
@@ -95,16 +96,56 @@ class Burst:
         return f"{each}; {used:.1f} of {have:.1f} core-seconds ({100 * used / have:.0f}%)"
 
 
+@dataclass(frozen=True)
+class Rest:
+    """A Temporal server at rest beside an operator of `slots` slots, over `seconds`: its memory and CPU."""
+
+    slots: int
+    seconds: float
+    mb: float
+    cpu_s_per_h: float
+
+
 class Figures:
+    """The figures on one Temporal server. The dev server's rows are named as they always were; on another server
+    (`on`, e.g. "PostgreSQL", with `server_pids` its processes) each row says so after its figure's number, and its
+    worlds' tags end in `tag`."""
+
     def __init__(
-        self, client: Client, temporal: str, workdir: Path, sizes: Sizes, report: Report, temporal_pid: int = 0
+        self,
+        client: Client,
+        temporal: str,
+        workdir: Path,
+        sizes: Sizes,
+        report: Report,
+        temporal_pid: int = 0,
+        *,
+        on: str = "",
+        server_pids: tuple[int, ...] = (),
+        tag: str = "",
     ) -> None:
         self.client, self.temporal, self.dir, self.sizes, self.report = client, temporal, workdir, sizes, report
         self.temporal_pid = temporal_pid  # the dev server's, for its CPU time (0: not measured)
+        self.on, self.tag = on, tag
+        # Every process of the server (those that ended counted too: PostgreSQL's autovacuum workers)
+        self.server_pids = server_pids or ((temporal_pid,) if temporal_pid else ())
         self.trouble: dict[str, TaskTrouble] = {}
+        self.rest: Rest | None = None  # P5: the server at rest at the fewest slots
+        self.p1_lat: list[float] = []  # P1: Ready → claim ready stored, per claim
+        self.p2_walls: tuple[float, float] | None = None  # P2: the floor's seconds and the one-worker burst's
 
     def server_cpu(self) -> float:
-        return cpu_seconds(self.temporal_pid) if self.temporal_pid else 0.0
+        return sum(cpu_seconds(pid, reaped=True) for pid in self.server_pids)
+
+    def name(self, figure: str) -> str:
+        """`P1 reaction, …` on the dev server; `P1 on PostgreSQL: reaction, …` on another."""
+        if not self.on:
+            return figure
+        head, rest = figure.split(" ", 1)
+        return f"{head} on {self.on}: {rest}"
+
+    def add(self, row: Row) -> None:
+        self.report.add(Row(self.name(row.figure), row.measured, row.floor, row.ratio, row.goal, row.values, self.on))
 
     async def world(
         self,
@@ -116,6 +157,7 @@ class Figures:
         boot_spread: tuple[float, float] | None = None,
         workers: int = 1,
     ) -> World:
+        tag += self.tag
         doc = homelab_doc(f"bench-{tag}", groups, per_group, instant=instant, boot_spread=boot_spread)
         world = World(self.dir, self.temporal, tag, doc, time_scale=0.0 if instant else 1.0, workers=workers)
         try:
@@ -170,7 +212,7 @@ class Figures:
         n = self.sizes.p1_claims
         print(f"P1: signal floors ({n} at once), then {n} claims booting in real time", flush=True)
         self.floors_p1 = await floors.signal_latencies(self.client, n, self.sizes.wait_for(n))
-        lat = await self.reaction("p1", n, None)
+        lat = self.p1_lat = await self.reaction("p1", n, None)
         self.p1_rows(
             f"P1 reaction, Ready → claim ready stored, {n} in flight", lat, n, "p99 ≤ 1.2× the two-activity floor's"
         )
@@ -213,12 +255,12 @@ class Figures:
                 timeout=self.sizes.wait_for(n),
                 what=f"the histories of {len(ready)} claims",
             )
-            self.report.notes.append(stages.note().replace("p1 stages:", f"{tag} stages:", 1))
+            self.report.notes.append(stages.note().replace("p1 stages:", f"{world.tag} stages:", 1))
         finally:
             await self.done(world)
         if len(lat) < n:
             self.report.notes.append(
-                f"{tag}: {n - len(lat)} of {n} ready claims had no Ready Node on record (left out)"
+                f"{tag}{self.tag}: {n - len(lat)} of {n} ready claims had no Ready Node on record (left out)"
             )
         return lat
 
@@ -228,7 +270,7 @@ class Figures:
         values = {"claims": n, "samples": len(lat), "p50_s": p50, "p99_s": p99, "max_s": max(lat)}
         for label, floor in (("signal → handled", handled), ("signal → two trivial activities done", two)):
             f99 = percentile(floor, 99)
-            self.report.add(
+            self.add(
                 Row(
                     f"{figure}, vs {label}",
                     f"p50 {ms(p50)}, p99 {ms(p99)}",
@@ -240,20 +282,25 @@ class Figures:
             )
 
     # --- P2 ----------------------------------------------------------------------------------------------------
-    async def p2(self) -> None:
+    async def p2(self, *, two_workers: bool = True) -> None:
+        """The burst with one worker process, its floor and the server's CPU per claim; with `two_workers`, the same
+        burst again with a worker process beside the operator, and the operator's memory."""
         n = self.sizes.p2_slots
-        print(f"P2: floor of {n} one-activity workflows, then a burst of {n} slots in {min(10, n)} groups with one "
-              "worker process, then with two", flush=True)  # fmt: skip
+        where = f" on {self.on}" if self.on else ""
+        print(f"P2{where}: floor of {n} one-activity workflows, then a burst of {n} slots in {min(10, n)} groups with "
+              f"one worker process{', then with two' if two_workers else ''}", flush=True)  # fmt: skip
         cpu_before = self.server_cpu()
         floor, _ = await floors.one_activity_burst(self.client, n, self.sizes.wait_for(n))
         floor_cpu = self.server_cpu() - cpu_before
         one = await self.burst("p2", n, workers=1)
-        two = await self.burst("p2w2", n, workers=2)
-        if self.temporal_pid:
+        two = await self.burst("p2w2", n, workers=2) if two_workers else None
+        self.p2_walls = (floor, one.wall)
+        if self.server_pids:
             per, floor_per = one.server_cpu / n, floor_cpu / n
-            self.report.add(
+            self.add(
                 Row(
-                    f"P2 Temporal server CPU per claim, IncreaseSize → ready, burst of {n}",
+                    f"P2 Temporal server CPU per claim{' (temporal-server and postgres)' if self.on else ''}, "
+                    f"IncreaseSize → ready, burst of {n}",
                     f"{ms(per)} ({one.server_cpu:.1f} s / {n})",
                     f"one-activity workflow {ms(floor_per)} ({floor_cpu:.1f} s / {n})",
                     per / floor_per if floor_per else math.inf,
@@ -262,7 +309,9 @@ class Figures:
                 )
             )
         for burst, label in ((one, "one worker process"), (two, "two worker processes")):
-            self.report.add(
+            if burst is None:
+                continue
+            self.add(
                 Row(
                     f"P2 burst, IncreaseSize → all {n} ready (instant machines), {label}",
                     f"{ms(burst.wall)}; CPU {burst.cores()}",
@@ -272,7 +321,9 @@ class Figures:
                     {"slots": n, "wall_s": burst.wall, "floor_s": floor, "cpu_s": burst.cpu, "workers": burst.workers},
                 )
             )
-        self.report.add(
+        if two is None:
+            return
+        self.add(
             Row(
                 f"P2 burst of {n} with two worker processes vs one (same run, same Temporal)",
                 f"{ms(two.wall)} with two",
@@ -284,7 +335,7 @@ class Figures:
         )
         self.report.notes.append(f"p2w2: workflow tasks by worker process: {self.trouble['p2w2'].spread()}"
                                  if "p2w2" in self.trouble else "p2w2: workflow tasks not counted")  # fmt: skip
-        self.report.add(
+        self.add(
             Row(
                 f"P2 operator memory, peak over the burst of {n}",
                 f"{one.peak:.0f} MB",
@@ -310,8 +361,8 @@ class Figures:
             await self.ready(world, n)
             cpu = {p.name: cpu_seconds(p.pid) - cpu_before[p.name] for p in procs}
             server = self.server_cpu() - server_before
-            if self.temporal_pid:
-                cpu["Temporal server"] = server
+            if self.server_pids:
+                cpu["Temporal server" if not self.on else f"Temporal on {self.on}"] = server
             cpu["bench (simulated homelab, driver)"] = self_cpu_seconds() - bench_before
             last = max(
                 t for cl in world.recorder.claims_in(ClaimPhase.READY) if (t := world.recorder.first(cl, "ready"))
@@ -533,6 +584,8 @@ class Figures:
                 op_mb = world.operator_rss_mb()
                 bare_mb = rss_mb(bare.pid) if bare else 0.0
                 server_mb = rss_mb(self.temporal_pid) if self.temporal_pid else 0.0
+                if slots == fewest:
+                    self.rest = Rest(slots, idle, server_mb, server_cpu * 3600.0 / idle)
             finally:
                 for floor in (bare, grpc_alone):
                     if floor is not None:
@@ -563,6 +616,54 @@ class Figures:
             if bare is not None:
                 cpu_h = Idle(op_cpu * per_hour, bare_cpu * per_hour, grpc_cpu * per_hour, threads)
                 await self.idle_goals(slots, idle, op_mb, bare_mb, cpu_h)
+
+    async def p5_stack(self, stack: Stack, dev: Rest | None) -> None:
+        """The bundled stack at rest beside an operator of the fewest slots, over the window the dev server's P5
+        measured at the fewest slots: temporal-server's RSS and PostgreSQL's (PSS over its processes: they share
+        its buffers), the CPU of each; beside the dev server's from its own P5 of this run (`dev`, when it ran)."""
+        slots = dev.slots if dev else min(self.sizes.p5_slots)
+        idle = dev.seconds if dev else max(self.sizes.idle_seconds, self.sizes.p5_goal_seconds)
+        print(f"P5 on {self.on}: the bundled stack at rest beside {slots} slots for {idle:.0f} s", flush=True)
+        groups = max(1, min(10, slots // 10))
+        world = await self.world(f"p5-{slots}", groups, math.ceil(slots / groups), instant=True)
+        try:
+            await asyncio.sleep(min(20.0, idle))  # as P5: the first sync's reports and the group reloads settle
+            server_cpu, pg_cpu = stack.cpu_seconds()
+            await asyncio.sleep(idle)
+            server_after, pg_after = stack.cpu_seconds()
+            server_mb, pg_mb, pg_processes = stack.memory()
+            pg_rss = rss_mb(stack.pids()[1])
+        finally:
+            await self.done(world)
+        per_hour = 3600.0 / idle
+        server_h, pg_h = (server_after - server_cpu) * per_hour, (pg_after - pg_cpu) * per_hour
+        values = {"slots": slots, "idle_seconds": idle, "server_mb": server_mb, "postgres_pss_mb": pg_mb,
+                  "postgres_rss_summed_mb": pg_rss, "postgres_processes": pg_processes,
+                  "server_cpu_s_per_h": server_h, "postgres_cpu_s_per_h": pg_h}  # fmt: skip
+        if dev is not None:
+            values |= {"dev_server_mb": dev.mb, "dev_server_cpu_s_per_h": dev.cpu_s_per_h}
+        self.add(
+            Row(
+                f"P5 the bundled stack's memory at rest, {slots} slots (measured over {idle:.0f} s)",
+                f"temporal-server {server_mb:.0f} MB + postgres {pg_mb:.0f} MB (PSS of its {pg_processes} processes)"
+                f" = {server_mb + pg_mb:.0f} MB",
+                f"dev server {dev.mb:.0f} MB (this run's P5)" if dev else "dev server not measured (--only)",
+                (server_mb + pg_mb) / dev.mb if dev and dev.mb else math.inf,
+                "printed",
+                values,
+            )
+        )
+        tick = per_hour / os.sysconf("SC_CLK_TCK")  # one clock tick in the window, in CPU s/h
+        self.add(
+            Row(
+                f"P5 the bundled stack's CPU at rest, {slots} slots (measured over {idle:.0f} s)",
+                f"temporal-server {server_h:.0f} + postgres {pg_h:.0f} = {server_h + pg_h:.0f} CPU s/h",
+                f"dev server {dev.cpu_s_per_h:.0f} CPU s/h (this run's P5)" if dev else "dev server not measured",
+                (server_h + pg_h) / max(dev.cpu_s_per_h, tick) if dev else math.inf,
+                "printed",
+                values,
+            )
+        )
 
     def idle_grpc_server(self, tag: str) -> Proc:
         """An idle gRPC server (bench.idle grpc), as the provider's: grpcio's threads at rest are part of the floor."""

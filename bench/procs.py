@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
 import resource
 import signal
 import socket
@@ -89,15 +90,31 @@ def peak_rss_mb(pid: int) -> float:
     return sum(_status_kb(p, "VmHWM") for p in _tree(pid)) / 1024
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds a process and its descendants have used so far (from /proc/<pid>/stat)."""
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """User and system CPU seconds a process and its descendants have used so far (from /proc/<pid>/stat). With
+    `reaped`, also those of descendants that have exited and been waited for (a server that forks short-lived
+    workers, as PostgreSQL's autovacuum: their time moves to the parent's cutime/cstime when they end)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
     for p in _tree(pid):
         with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{p}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
             total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+            if reaped:
+                total += int(fields[13]) + int(fields[14])  # cutime, cstime (16 and 17): children waited for
     return total / ticks
+
+
+def pss_mb(pid: int) -> tuple[float, int]:
+    """Proportional set size of a process and its descendants, summed, in MB, and how many processes: the memory
+    of a server whose processes share most of it (PostgreSQL's shared buffers are in every backend's RSS; PSS
+    counts each shared page once over the processes that map it)."""
+    tree = _tree(pid)
+    kb = 0
+    for p in tree:
+        with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{p}/smaps_rollup") as f:
+            kb += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+    return kb / 1024, len(tree)
 
 
 # What a thread's name (its comm) says it is: Temporal's Rust runtime names its threads tokio-*, gRPC's C core its
@@ -145,16 +162,23 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen[bytes] | None = None
     peak_mb: float = 0.0
+    user: str | None = None  # run as this user (and its group only): a server that refuses root, as PostgreSQL
+    stop_signal: int = signal.SIGTERM  # what asks it to stop (PostgreSQL's fast shutdown is SIGINT)
+    cwd: Path = ROOT
 
     def start(self) -> Proc:
+        who = pwd.getpwnam(self.user) if self.user is not None else None
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 self.args,
-                cwd=ROOT,
+                cwd=self.cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,
+                user=who.pw_uid if who else None,
+                group=who.pw_gid if who else None,
+                extra_groups=[] if who else None,
             )
         return self
 
@@ -178,7 +202,7 @@ class Proc:
             return
         self.peak_mb = max(self.peak_mb, peak_rss_mb(proc.pid))
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, self.stop_signal)
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:

@@ -30,6 +30,7 @@ class Row:
     ratio: float
     goal: str
     values: dict[str, Any] = field(default_factory=dict)
+    server: str = ""  # "": the dev server's (every figure); else the other server the row ran on ("PostgreSQL")
 
 
 @dataclass
@@ -39,16 +40,27 @@ class Report:
     processes: dict[str, float] = field(default_factory=dict)  # name -> peak RSS MB
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)  # a part of the run that failed after others had run
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
         print(f"  {row.figure}: {row.measured} | floor {row.floor} | ratio {row.ratio:.2f}", flush=True)
 
+    def ordered(self) -> list[Row]:
+        """The dev server's rows in the order they ran, each other server's row after the last row of its figure
+        (P1, P2, P5: a row's first word), so that the same figure on two servers reads side by side."""
+        out = [r for r in self.rows if not r.server]
+        for row in (r for r in self.rows if r.server):
+            head = row.figure.split()[0]
+            at = max((i for i, o in enumerate(out) if o.figure.split()[0] == head), default=len(out) - 1)
+            out.insert(at + 1, row)
+        return out
+
     def table(self) -> str:
         lines = [
             "| figure | measured | floor (same run) | ratio | goal |",
             "|---|---|---|---|---|",
-            *(f"| {r.figure} | {r.measured} | {r.floor} | {r.ratio:.2f} | {r.goal} |" for r in self.rows),
+            *(f"| {r.figure} | {r.measured} | {r.floor} | {r.ratio:.2f} | {r.goal} |" for r in self.ordered()),
             "",
             "| process | peak RSS |",
             "|---|---|",
@@ -61,8 +73,10 @@ class Report:
         doc = {
             "sizes": self.sizes,
             "seconds": round(self.seconds, 1),
-            "rows": [asdict(r) for r in self.rows],
+            "rows": [asdict(r) for r in self.rows if not r.server],
+            "rows_on_other_servers": [asdict(r) for r in self.rows if r.server],
             "peak_rss_mb": {k: round(v, 1) for k, v in self.processes.items()},
             "notes": self.notes,
+            "failures": self.failures,
         }
         path.write_text(json.dumps(doc, indent=2) + "\n")
