@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +30,7 @@ from homelab_autoscaler.commands import COMMANDS, ROLE_SECTIONS, CommandSpec
 from homelab_autoscaler.errors import UserError
 from homelab_autoscaler.health import API_PING_EVERY, PING_TIMEOUT, HealthServer, Probe, Reachability
 from homelab_autoscaler.ports import Port, check_free, free_port, split_address
-from homelab_autoscaler.renewal import stop_on_renewal
+from homelab_autoscaler.renewal import renew_on_change
 from homelab_autoscaler.settings import (
     DevSettings,
     HealthSettings,
@@ -43,7 +43,13 @@ from homelab_autoscaler.settings import (
     WorkerSettings,
 )
 from homelab_autoscaler.simulator import SimulatedHomelab, check_homelab
-from homelab_autoscaler.temporal import build_worker, connect, connect_at_start, missing_search_attributes
+from homelab_autoscaler.temporal import (
+    adopt_connection,
+    build_worker,
+    connect,
+    connect_at_start,
+    missing_search_attributes,
+)
 from kube.adapter import Kube, config_problem
 from kube.settings import KubeSettings
 from provider.server import serve as serve_provider
@@ -150,6 +156,8 @@ class Process:
     stop: asyncio.Event
     health: HealthServer
     temporal: Reachability
+    # Called once `client` has a new connection (a renewed certificate): what holds a connection of its own moves.
+    reconnected: list[Callable[[], None]] = field(default_factory=list)
 
 
 async def worker(p: Process) -> None:
@@ -168,6 +176,11 @@ async def worker(p: Process) -> None:
     )
     temporal = p.settings.section(TemporalSettings)
     log.info("worker polling %s on %s (%s)", queue.task_queue, temporal.address, temporal.namespace)
+
+    def move() -> None:
+        built.client = p.client  # the Worker's setter takes the client's new connection for its next polls
+
+    p.reconnected.append(move)
     async with built:
         await p.stop.wait()
 
@@ -320,9 +333,18 @@ async def compose(
     port = await health.start()
     log.info("health endpoints on %s:%d (/healthz, /readyz)", health_settings.host, port)
     monitors = [asyncio.create_task(m.run(stop), name=f"ping {m.name}") for m in (temporal, api)]
+
+    async def reconnect() -> None:
+        """The renewed certificate in a new connection, and every user of the client moved onto it."""
+        fresh = await connect(temporal_settings, settings.section(MetricsSettings))
+        adopt_connection(client, fresh)
+        for move in process.reconnected:
+            move()
+
     certificate = [f for f in (temporal_settings.tls_cert, temporal_settings.tls_key, temporal_settings.tls_ca) if f]
     if temporal_settings.tls_cert is not None:
-        monitors.append(asyncio.create_task(stop_on_renewal(certificate, stop), name="Temporal client certificate"))
+        watch = renew_on_change(certificate, reconnect, stop)
+        monitors.append(asyncio.create_task(watch, name="Temporal client certificate"))
     tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(role.run(process)) for role in roles]
     tasks += [asyncio.ensure_future(e) for e in extra or []]
     try:

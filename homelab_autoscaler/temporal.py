@@ -120,6 +120,14 @@ async def connect(temporal: TemporalSettings, metrics: MetricsSettings | None = 
     return client
 
 
+def adopt_connection(client: Client, fresh: Client) -> None:
+    """Point `client` at `fresh`'s connection, so everything holding `client` (the provider, the watchers, the health
+    probe) makes its next call over it: the SDK reads a TLS certificate only when it connects and has no public way
+    to give a Client another connection (a Worker takes one through its `client` setter). `Client` resolves its
+    services from this one entry at each call; tests/test_reconnect.py holds the SDK to that."""
+    client._config["service_client"] = fresh.service_client
+
+
 # How long a role waits at its start for a Temporal that does not answer yet, before the one line and exit 1. An
 # install starts Temporal's Pod beside the operator's (`helm install`, `kubectl apply -k`): without the wait the
 # operator's first container exited and the kubelet restarted it (found on the real node, issue 30). Below the

@@ -1,5 +1,5 @@
-"""The Temporal client's certificate renewed under a running process (homelab_autoscaler/renewal.py): the process
-stops so that its container starts again with it, and nothing else makes it stop."""
+"""The Temporal client's certificate renewed under a running process (homelab_autoscaler/renewal.py): a change of the
+mounted files connects again, once; a failed attempt is said and tried again, the connection in use kept."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from homelab_autoscaler.renewal import FilesSeen, stop_on_renewal
+from homelab_autoscaler.renewal import FilesSeen, renew_on_change
 
 
 def files(tmp_path: Path) -> list[Path]:
@@ -32,24 +32,37 @@ def test_a_changed_file_is_named_a_missing_or_unchanged_one_is_not(tmp_path: Pat
     assert seen.changed() == ca
 
 
-async def test_the_process_stops_once_the_certificate_is_renewed_and_says_why(
+async def test_a_renewal_connects_again_once_and_a_failed_one_is_tried_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cert, key, ca = files(tmp_path)
     stop = asyncio.Event()
-    watching = asyncio.create_task(stop_on_renewal([cert, key, ca], stop, every=0.05))
+    calls: list[bytes] = []
+    fail = [True]
+
+    async def renew() -> None:
+        calls.append(cert.read_bytes())
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError("the frontend refused the new certificate")
+
+    watching = asyncio.create_task(renew_on_change([cert, key, ca], renew, stop, every=0.05))
+
+    async def until(what: str, check: object) -> None:
+        for _ in range(200):
+            if callable(check) and check():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"waited 4 s for {what}")
+
     await asyncio.sleep(0.2)
-    assert not stop.is_set() and not watching.done()  # unchanged files: it keeps running
-    with caplog.at_level(logging.WARNING, logger="homelab_autoscaler.renewal"):
+    assert calls == [] and not watching.done()  # unchanged files: nothing to do
+    with caplog.at_level(logging.INFO, logger="homelab_autoscaler.renewal"):
         cert.write_bytes(b"tls.crt v2")
-        await asyncio.wait_for(watching, timeout=5)
-    assert stop.is_set()
-    assert f"{cert} changed" in caplog.text and "starts again" in caplog.text
-
-
-async def test_a_stop_for_another_reason_ends_the_watch_at_once(tmp_path: Path) -> None:
-    stop = asyncio.Event()
-    watching = asyncio.create_task(stop_on_renewal(files(tmp_path), stop, every=60))
-    await asyncio.sleep(0)
+        await until("a second attempt after the failed one", lambda: len(calls) == 2)
+        await asyncio.sleep(0.3)
+    assert calls == [b"tls.crt v2", b"tls.crt v2"], calls  # tried again, then taken: once more only
+    assert "connecting with it failed" in caplog.text and "connected to Temporal again" in caplog.text
+    assert not stop.is_set(), "a renewal never stops the process"
     stop.set()
     await asyncio.wait_for(watching, timeout=2)
