@@ -80,8 +80,9 @@ async def main():
     client = await Client.connect(os.environ["HOMELAB_AUTOSCALER_TEMPORAL_ADDRESS"], tls=tls(),
                                   namespace=os.environ.get("HOMELAB_AUTOSCALER_TEMPORAL_NAMESPACE", "default"))
     described = await client.get_workflow_handle(sys.argv[1]).describe()
-    print(json.dumps({"startTime": described.start_time.isoformat(), "status": described.status.name}))
+    print(json.dumps({"startTime": described.start_time.isoformat(), "status": described.status.name}), flush=True)
 asyncio.run(main())
+os._exit(0)  # as the CLI leaves (cli._finish): the SDK's runtime may crash tearing down a TLS connection at exit
 """
 
 
