@@ -447,7 +447,8 @@ def footprint(s: PodStack) -> dict[tuple[str, str], tuple[float, float]]:
     for pod in json.loads(raw).get("pods", []):
         if pod["podRef"]["namespace"] != NS:
             continue
-        owner = re.sub(r"(-[a-z0-9]{8,10})?-[a-z0-9]{5}$", "", pod["podRef"]["name"])
+        # A Deployment's Pod is <name>-<hash>-<5>, a StatefulSet's <name>-<ordinal>.
+        owner = re.sub(r"-(\d+|([a-z0-9]{8,10}-)?[a-z0-9]{5})$", "", pod["podRef"]["name"])
         for c in pod.get("containers", []):
             memory = (c.get("memory") or {}).get("workingSetBytes") or 0
             cpu = (c.get("cpu") or {}).get("usageNanoCores") or 0
