@@ -185,8 +185,11 @@ class TemporalUnreachable(RuntimeError):
     """Temporal did not answer the connection: said in one line, with the Rust client's error cut to its reason (the
     innermost one: "transport error" alone says nothing), and what to do (`hint`, else: is it running?)."""
 
+    # Innermost first: an I/O error's words, its kind's name, hyper's own reason, then the gRPC status' message.
+    REASONS = (r'error: "([^"]+)"', r"Kind\((\w+)\)", r'Error\(\w+, "([^"]+)"\)', r'message: "([^"]+)"')
+
     def __init__(self, address: str, error: str, *, hint: str = "") -> None:
-        found = re.search(r'error: "([^"]+)"', error) or re.search(r'message: "([^"]+)"', error)
+        found = next((m for pattern in self.REASONS if (m := re.search(pattern, error))), None)
         self.reason = found.group(1).split(": https://", 1)[0] if found else error
         self.hint = hint
         what = hint or "Is it running (`make run` starts one)? --temporal-address names another"
@@ -195,10 +198,11 @@ class TemporalUnreachable(RuntimeError):
 
 # What the Rust client says when the frontend and the client disagree on TLS: a TLS frontend closing on a plaintext
 # client (a broken pipe), or refusing a session without a client certificate (an alert, or a close without notify);
-# at the least, a first call that fails on a connection made ("after connection"), which a frontend that is merely
-# down never lets happen.
+# at the least, a connection made whose first call failed below gRPC ('message: "transport error"', or hyper's
+# "canceled" of a connection the peer closed), which neither a frontend that is down (no connection) nor one still
+# starting (a gRPC status of its own) answers.
 TLS_SIGNS = ("broken pipe", "close_notify", "certificaterequired", "certificate", "handshake", "tls",
-             "error after connection")  # fmt: skip
+             'message: "transport error"', "hyper::error(canceled", "connection closed")  # fmt: skip
 
 
 def tls_hint(error: str, temporal: TemporalSettings) -> str:
