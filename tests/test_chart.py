@@ -27,6 +27,7 @@ import yaml
 
 from tests.realcluster.cluster import bin_dir
 from tests.test_deploy import _deploy_dir, _role_variables, validate
+from tests.test_network_policies import _template
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "homelab-autoscaler"
@@ -811,12 +812,6 @@ def test_network_policies_follow_their_values_and_can_be_left_out() -> None:
 
 
 # --- cluster-autoscaler from the chart ---------------------------------------------------------------------------
-def _template_of(doc: dict[str, Any]) -> dict[str, Any]:
-    spec = doc["spec"]["jobTemplate"]["spec"] if doc["kind"] == "CronJob" else doc["spec"]
-    template: dict[str, Any] = spec["template"]
-    return template
-
-
 GENERATED = re.compile(r"^(cluster-autoscaler-cloud-config)-[a-z0-9]{10}$")
 CHECKSUM = "checksum/cloud-config"
 
@@ -891,7 +886,7 @@ def test_cluster_autoscaler_in_another_namespace_is_whole_there_and_let_in() -> 
     jobs = [d for d in docs if d["kind"] in ("Job", "CronJob")]
     assert len(jobs) == 2
     for job in jobs:
-        env = _env(_template_of(job)["spec"]["containers"][0])
+        env = _env(_template(job)["spec"]["containers"][0])
         assert env["HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE"] == "kube-system", job["metadata"]["name"]
     where = ("kube-system", "homelab-autoscaler-certs")
     grants = [d for d in docs if d["kind"] in ("Role", "RoleBinding")
@@ -913,5 +908,5 @@ def test_cluster_autoscaler_in_another_namespace_is_whole_there_and_let_in() -> 
     # In its own namespace, the default providerFrom lets it in, and no grant elsewhere is made.
     here = chart({"clusterAutoscaler": {"enabled": True}})
     assert not [d for d in here if d["metadata"].get("namespace", NS) != NS and d["kind"] != "CustomResourceDefinition"]
-    assert all("HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE" not in _env(_template_of(j)["spec"]["containers"][0])
+    assert all("HOMELAB_AUTOSCALER_CERTS_CLIENT_NAMESPACE" not in _env(_template(j)["spec"]["containers"][0])
                for j in here if j["kind"] in ("Job", "CronJob"))  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,9 @@ async def test_a_renewal_connects_again_once_and_a_failed_one_is_tried_again(
 
     watching = asyncio.create_task(renew_on_change([cert, key, ca], renew, stop, every=0.05))
 
-    async def until(what: str, check: object) -> None:
+    async def until(what: str, check: Callable[[], bool]) -> None:
         for _ in range(200):
-            if callable(check) and check():
+            if check():
                 return
             await asyncio.sleep(0.02)
         raise AssertionError(f"waited 4 s for {what}")
