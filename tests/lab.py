@@ -271,6 +271,23 @@ def _open_tasks(events: Sequence[HistoryEvent]) -> list[int]:
     return sorted(opened)
 
 
+async def release_what_a_terminate_kept(client: Client, handle: WorkflowHandle[Any, Any]) -> int:
+    """Give back the clock locks a terminate left held on the time-skipping server: one per task the terminated
+    history had open at its end. How many it gave back.
+
+    A wait before a terminate narrows the race, it cannot close it: the clock runs at real pace between skips, so a
+    timer can fire between the last look at the history and the terminate (CI: a claim's Job poll did, and every
+    later skip of test_a_taken_over_startup_jobs_budget took real time). The server takes one lock per open workflow
+    task, activity, signal to another workflow and child start, and a terminated workflow never gives its locks
+    back (each later completion is refused, "Completed workflow").
+    """
+    events = [e async for e in handle.fetch_history_events()]
+    kept = len(_open_tasks(events))
+    for _ in range(kept):
+        await client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+    return kept
+
+
 class ClockStalled(Exception):
     """The time-skipping server stopped skipping: every skip would take real time from now on."""
 
@@ -303,6 +320,8 @@ class Lab:
     retired: list[WorkflowEnvironment] = field(default_factory=list)  # servers whose state the lab lost
     # A test's own interceptors on the workers started from now on (inside the lab's clock holder).
     interceptors: list[Interceptor] = field(default_factory=list)
+    # Clock locks a terminate left held and the lab gave back (`lose_workflows`).
+    locks_given_back: int = 0
 
     async def restart_worker(self) -> None:
         """Stop the worker (its running activities finish first) and start a fresh one: a worker restart. The
@@ -531,7 +550,7 @@ class Lab:
 
         Lost once no workflow task is out: the time-skipping server keeps its clock locked for good for a workflow
         terminated while a workflow task (or an activity) of it is pending, and every later skip then takes real
-        time. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
+        time. A task that opens between the last look and the terminate all the same has its lock given back. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
         the chaos suite loses them anywhere, on the real server.
         """
         # The group first: its children are abandoned when it closes, so none of their ends becomes a task of a
@@ -557,6 +576,8 @@ class Lab:
                     raise
                 continue
             lost.append(f"{wid}@{desc.run_id}")
+            run = self.client.get_workflow_handle(wid, run_id=desc.run_id)
+            self.locks_given_back += await release_what_a_terminate_kept(self.client, run)
         return lost
 
     async def _until_no_task_pending(self, handle: WorkflowHandle[Any, Any], within: float = 30.0) -> None:
