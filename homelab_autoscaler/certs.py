@@ -56,8 +56,9 @@ class Leaf:
     namespace: str
     common_name: str
     dns_names: tuple[str, ...] = ()
-    client: bool = False
-    server_and_client: bool = False
+    usage: pki.Usage = pki.Usage.SERVER
+    # Who reads it only when it starts, and so must be restarted once it is renewed ("" when every reader re-reads).
+    read_at_start_by: str = ""
 
 
 def _service_names(service: str, namespace: str) -> tuple[str, ...]:
@@ -73,10 +74,10 @@ def temporal_leaves(namespace: str) -> tuple[Leaf, ...]:
             namespace,
             TEMPORAL_FRONTEND,
             _service_names(TEMPORAL_FRONTEND, namespace),
-            server_and_client=True,
+            usage=pki.Usage.SERVER_AND_CLIENT,
         ),
-        Leaf(TEMPORAL_CLIENT_SECRET, namespace, "homelab-autoscaler", client=True),
-        Leaf(TEMPORAL_WEB_SECRET, namespace, "temporal-web", client=True),
+        Leaf(TEMPORAL_CLIENT_SECRET, namespace, "homelab-autoscaler", usage=pki.Usage.CLIENT),
+        Leaf(TEMPORAL_WEB_SECRET, namespace, "temporal-web", usage=pki.Usage.CLIENT),
     )
 
 
@@ -87,7 +88,13 @@ def leaves(namespace: str, client_namespace: str | None = None) -> tuple[Leaf, .
     provider = "homelab-autoscaler-provider"
     return (
         Leaf(PROVIDER_SECRET, namespace, provider, _service_names(provider, namespace)),
-        Leaf(CLIENT_SECRET, client_namespace or namespace, "cluster-autoscaler", client=True),
+        Leaf(
+            CLIENT_SECRET,
+            client_namespace or namespace,
+            "cluster-autoscaler",
+            usage=pki.Usage.CLIENT,
+            read_at_start_by="cluster-autoscaler",
+        ),
         Leaf(
             WEBHOOK_SECRET,
             namespace,
@@ -265,15 +272,16 @@ class CertSetup:
             authority.pair,
             leaf.common_name,
             dns_names=leaf.dns_names,
-            client=leaf.client,
-            server_and_client=leaf.server_and_client,
+            usage=leaf.usage,
             now=now,
         )
         written = {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": authority.bundle}
         self._write(leaf.secret, written, found, leaf.namespace)
         self.said.append(f"Secret {shown}: {'renewed' if found else 'created'} ({why})")
-        if leaf.client and found is not None:
-            log.warning("cluster-autoscaler reads %s at start: restart it before the old one expires", shown)
+        if leaf.read_at_start_by and found is not None:
+            log.warning(
+                "%s reads Secret %s at start: restart it before the old one expires", leaf.read_at_start_by, shown
+            )
 
     @staticmethod
     def _why_issue(leaf: Leaf, cert: bytes, authority: Authority, now: dt.datetime) -> str:

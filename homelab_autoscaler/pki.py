@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -65,18 +66,25 @@ def new_ca(common_name: str, now: dt.datetime, lifetime: dt.timedelta = CA_LIFET
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
 
 
+class Usage(Enum):
+    """What a leaf certificate is presented for: its extended key usages."""
+
+    SERVER = (ExtendedKeyUsageOID.SERVER_AUTH,)
+    CLIENT = (ExtendedKeyUsageOID.CLIENT_AUTH,)
+    # A server whose own parts call it, as Temporal's system worker calls its frontend.
+    SERVER_AND_CLIENT = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
 def issue(
     ca: Issued,
     common_name: str,
     *,
     dns_names: Sequence[str] = (),
-    client: bool = False,
-    server_and_client: bool = False,
+    usage: Usage = Usage.SERVER,
     now: dt.datetime,
     lifetime: dt.timedelta = LEAF_LIFETIME,
 ) -> Issued:
-    """An end-entity certificate signed by `ca`: for serving (`dns_names`) or, with `client`, for client auth; with
-    `server_and_client` for both (a server whose own parts call it, as Temporal's system worker calls its frontend).
+    """An end-entity certificate signed by `ca`, for what `usage` says (a serving one names `dns_names`).
 
     Never valid past the CA: a certificate that outlived its issuer would be refused anyway, and later.
     """
@@ -85,10 +93,6 @@ def issue(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA's key is not ECDSA: bring a CA whose tls.key is ECDSA, or let the step make one")
     key = _key()
-    if server_and_client:
-        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-    else:
-        usages = [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -101,7 +105,7 @@ def issue(
         .add_extension(
             x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True
         )  # digitalSignature, keyEncipherment
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(usage.value)), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if dns_names:

@@ -550,8 +550,9 @@ class Lab:
 
         Lost once no workflow task is out: the time-skipping server keeps its clock locked for good for a workflow
         terminated while a workflow task (or an activity) of it is pending, and every later skip then takes real
-        time. A task that opens between the last look and the terminate all the same has its lock given back. The tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and
-        the chaos suite loses them anywhere, on the real server.
+        time. A task that opens between the last look and the terminate all the same has its lock given back. The
+        tests lose workflows that wait on a timer; the model wipes the whole server (`lose_temporal`), and the chaos
+        suite loses them anywhere, on the real server.
         """
         # The group first: its children are abandoned when it closes, so none of their ends becomes a task of a
         # group about to be terminated (the worker's calm cannot see a task scheduled and not yet polled).

@@ -307,3 +307,21 @@ def test_the_bundled_temporals_certificates_only_with_temporal(emulator: Emulato
         assert usages(name) == [ExtendedKeyUsageOID.CLIENT_AUTH], name
     again = CertSetup(kube, NS, temporal=True, now=lambda: START + dt.timedelta(days=5)).run()
     assert all(line.endswith(("valid, kept", "(admission is off)")) for line in again), again
+
+
+def test_only_a_certificate_read_at_start_asks_for_a_restart_when_renewed(
+    emulator: EmulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator and the Web UI take a renewed Temporal certificate as it is (homelab_autoscaler/renewal.py, the
+    UI re-reads the file), the provider and webhook servers likewise; cluster-autoscaler reads its client certificate
+    once, when it starts: that renewal alone says to restart it, and names it."""
+    kube = certs_kube(emulator)
+    CertSetup(kube, NS, temporal=True, now=lambda: START).run()
+    caplog.clear()
+    said = CertSetup(kube, NS, temporal=True, now=lambda: START + dt.timedelta(days=61)).run()
+    renewed = [line for line in said if "renewed" in line]
+    assert len(renewed) == 6, said  # provider, cluster-autoscaler, webhook and the bundled Temporal's three
+    restarts = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]
+    assert restarts == [
+        f"cluster-autoscaler reads Secret {CLIENT_SECRET} at start: restart it before the old one expires"
+    ], restarts

@@ -62,7 +62,7 @@ async def test_a_rotation_mid_run_loses_no_call(tmp_path: Path, monkeypatch: pyt
     now = dt.datetime.now(dt.UTC)
     old_ca = pki.new_ca("old-ca", now)
     old_server = pki.issue(old_ca, "provider", dns_names=NAMES, now=now)
-    old_client = pki.issue(old_ca, "cluster-autoscaler", client=True, now=now)
+    old_client = pki.issue(old_ca, "cluster-autoscaler", usage=pki.Usage.CLIENT, now=now)
     certs = tmp_path / "tls"
     certs.mkdir()
     write(certs, old_server, old_ca.cert)
@@ -107,7 +107,7 @@ async def test_a_rotation_mid_run_loses_no_call(tmp_path: Path, monkeypatch: pyt
             await asyncio.gather(*callers)  # a failed call raises here
             assert len(calls) > before + 10 and set(calls) == {"g"}, calls[-5:]
             # A new connection is served the new certificate, and clients of either CA are accepted.
-            new_client = pki.issue(new_ca, "cluster-autoscaler", client=True, now=now)
+            new_client = pki.issue(new_ca, "cluster-autoscaler", usage=pki.Usage.CLIENT, now=now)
             for client in (old_client, new_client):
                 assert served_serial(up.port, client, old_ca.cert, tmp_path) == pki.load(new_server.cert).serial_number
             async with grpc.aio.secure_channel(target, channel_credentials(new_client, trust)) as channel:
@@ -115,7 +115,7 @@ async def test_a_rotation_mid_run_loses_no_call(tmp_path: Path, monkeypatch: pyt
                 assert [g.id for g in reply.nodeGroups] == ["g"]
             # A client of a CA outside the bundle is still refused.
             stranger = pki.new_ca("stranger", now)
-            rogue = pki.issue(stranger, "rogue", client=True, now=now)
+            rogue = pki.issue(stranger, "rogue", usage=pki.Usage.CLIENT, now=now)
             async with grpc.aio.secure_channel(target, channel_credentials(rogue, trust)) as channel:
                 with pytest.raises(grpc.aio.AioRpcError):
                     await pb_grpc.CloudProviderStub(channel).NodeGroups(pb.NodeGroupsRequest(), timeout=CA_DEADLINE)
