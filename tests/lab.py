@@ -567,19 +567,26 @@ class Lab:
             # (CI once terminated a group whose task was on its way), so the history is asked too.
             handle = self.client.get_workflow_handle(wid)
             await self._until_no_task_pending(handle)
-            try:
-                desc = await handle.describe()
-                if desc.status != WorkflowExecutionStatus.RUNNING:
-                    continue
-                await handle.terminate("lost: the workflow is gone, its resource is not")
-            except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:  # closed or never there: nothing to lose
-                    raise
-                continue
-            lost.append(f"{wid}@{desc.run_id}")
-            run = self.client.get_workflow_handle(wid, run_id=desc.run_id)
-            self.locks_given_back += await release_what_a_terminate_kept(self.client, run)
+            ended = await self.terminate(handle, "lost: the workflow is gone, its resource is not")
+            if ended:
+                lost.append(ended)
         return lost
+
+    async def terminate(self, handle: WorkflowHandle[Any, Any], reason: str) -> str | None:
+        """Terminate the workflow's running run (as from the Web UI) and give back the clock locks the terminate
+        left held (`release_what_a_terminate_kept`): the `<id>@<run id>` it ended, None when no run was running."""
+        try:
+            desc = await handle.describe()
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                return None
+            await handle.terminate(reason)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:  # closed or never there: nothing to end
+                raise
+            return None
+        run = self.client.get_workflow_handle(handle.id, run_id=desc.run_id)
+        self.locks_given_back += await release_what_a_terminate_kept(self.client, run)
+        return f"{handle.id}@{desc.run_id}"
 
     async def _until_no_task_pending(self, handle: WorkflowHandle[Any, Any], within: float = 30.0) -> None:
         """Wait until the worker is calm and the workflow's history has no workflow task or activity open; a

@@ -386,7 +386,7 @@ async def test_a_release_refused_while_an_older_one_runs_is_started_again_once_i
 
         await lab.until(booked, within=MIN, what="the group to book its own release of the machine it sees on")
         await lab.advance(30)
-        await older.terminate("stopped by hand")
+        await lab.terminate(older, "stopped by hand")
         lab.lab.set_fault("s1", "job_hangs", False)
         await lab.until(lambda: lab.lab.power("s1") == "off", within=15 * MIN, step=30, what="released by the group")
         assert len(release_jobs()) == 2, "the older release's Job and the group's own"

@@ -317,7 +317,7 @@ async def test_a_claim_whose_workflow_alone_was_terminated_is_taken_over_at_its_
         name = await one_claim(lab)
         await lab.wait_phase(name, "ready", within=3 * MIN)
         first = (await lab.claim(name).describe()).run_id
-        await lab.claim(name).terminate("terminated in the Web UI")
+        await lab.terminate(lab.claim(name), "terminated in the Web UI")
         # The watchers' next relist sends every slot's observation; one its claim cannot take goes to the group.
         on = c.Observation(power="on", usable=True, exists=True, gate_open=True, observed_at=datetime.now(UTC))
         await lab.group().signal(GroupWorkflow.observe_slot, c.SlotObservation("s1", on))
