@@ -438,7 +438,9 @@ def test_3_law_3_drains_a_machine_switched_on_by_hand_and_its_pod_runs_elsewhere
         if e.namespace == WORKLOAD_NS or shutdown_pod(e):
             print(f"  {i:>4} {e}" + (f"   <- {marks[i]}" if i in marks else ""))
     assert evicted <= gone < created, f"{moved} was still on {slot} when the shutdown Job's Pod was created"
-    assert elsewhere < created <= started, "the Deployment's Pod was not Running elsewhere before the power-off"
+    # Running elsewhere before the shutdown Job's Pod starts (the power-off is its script), as issue 41 words it: the
+    # drain waits for the evicted Pod to be gone; starting its replacement is the ReplicaSet's part.
+    assert created <= started and elsewhere < started, "the Deployment's Pod was not Running elsewhere in time"
     assert ev[elsewhere].node == spare, f"rescheduled onto {ev[elsewhere].node}, not the spare with room"
     # Through the Eviction API, answered before the operator asked for the shutdown Job.
     logged = list(audit.read(s.cluster.audit_log))
