@@ -109,23 +109,27 @@ def packable(path: Path) -> bool:
     return not any(NEEDS_A_FILE.search(f.read_text(errors="replace")) for f in _sources(path))
 
 
+def _doomed(site: Path, patterns: Iterable[str], inside: Iterable[str]) -> Iterator[Path]:
+    """What `remove` deletes, in order: the patterns at the top, the ones anywhere inside a package (never in its
+    metadata), and every integration of INTEGRATIONS' packages but the ones that stay."""
+    for pattern in patterns:
+        yield from sorted(site.glob(pattern))
+    for pattern in inside:
+        yield from (
+            p for p in sorted(site.glob(f"*/**/{pattern}")) if not p.relative_to(site).parts[0].endswith(".dist-info")
+        )
+    for directory, stays in INTEGRATIONS.items():
+        found = sorted((site / directory).glob("*")) if (site / directory).is_dir() else []
+        yield from (p for p in found if p.name not in stays and p.name != "__pycache__")
+
+
 def remove(site: Path, patterns: Iterable[str], inside: Iterable[str]) -> list[tuple[str, int]]:
     """Delete what matches; what went and its size in bytes."""
     gone: list[tuple[str, int]] = []
-    for pattern in patterns:
-        for path in sorted(site.glob(pattern)):
+    for path in _doomed(site, patterns, inside):
+        if path.exists():  # a directory already gone with its parent
             gone.append((str(path.relative_to(site)), size(path)))
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for pattern in inside:
-        for path in sorted(site.glob(f"*/**/{pattern}")):
-            if path.exists() and not path.relative_to(site).parts[0].endswith(".dist-info"):
-                gone.append((str(path.relative_to(site)), size(path)))
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for directory, stays in INTEGRATIONS.items():
-        for path in sorted((site / directory).glob("*")) if (site / directory).is_dir() else []:
-            if path.name not in stays and path.name != "__pycache__":
-                gone.append((str(path.relative_to(site)), size(path)))
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
     for bin_script in ("pip", "pip3", f"pip3.{sys.version_info.minor}"):
         (site.parents[2] / "bin" / bin_script).unlink(missing_ok=True)
     return gone
