@@ -130,9 +130,9 @@ bench: $(STAMP) ## the four performance figures beside same-run floors (docs/per
 e2e: $(STAMP) ## the kind end-to-end suite (docker, kind)
 	$(BIN)/pytest -m e2e tests/e2e -v -rs --timeout 3600
 
-# The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~10 min cold, seconds when cached
+# The real control plane, built from Go modules (Go >= 1.26 and the module proxy; ~12 min cold on 2 cores, seconds when cached
 # in ~/.cache/homelab-autoscaler/cluster-bins/<versions>): kube-apiserver, controller-manager, scheduler, kubectl,
-# etcd, KWOK, helm and promtool; and cluster-autoscaler, from the module proxy or else from the source tarball
+# etcd, KWOK, helm and promlint (promtool's metrics lint); and cluster-autoscaler, from the module proxy or else from the source tarball
 # HOMELAB_CLUSTER_AUTOSCALER_SOURCE names (.ci/run finds it in ../shared). tests/realcluster/versions.env holds the
 # versions and the tarball's sha256.
 cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-autoscaler
@@ -141,8 +141,9 @@ cluster-bins: ## build (or reuse) the real control plane's binaries and cluster-
 # The story on that control plane, driven by cluster-autoscaler with deploy/cluster-autoscaler's flags (the real one
 # when one can be had, else the project's stand-in: the run's first line says which; HOMELAB_E2E_DRIVER=ca, as CI
 # sets it, fails a run without the real one), with the RBAC audit and the emulator-versus-real diff.
-# First the Helm chart against deploy/ (tests/test_chart.py) and `promtool check metrics` on the operator's /metrics
-# (tests/test_metrics_lint.py): `make test` skips them until helm and promtool are built, here a missing binary fails.
+# First the Helm chart against deploy/ (tests/test_chart.py) and the lint of `promtool check metrics` on the operator's
+# /metrics (tests/test_metrics_lint.py): `make test` skips them until helm and promlint are built, here a missing binary
+# fails.
 e2e-real: $(STAMP) cluster-bins ## the whole story on a real control plane and cluster-autoscaler (~6 min)
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest tests/test_chart.py tests/test_metrics_lint.py -q -rs -p no:cacheprovider
 	HOMELAB_E2E_REAL=1 $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider

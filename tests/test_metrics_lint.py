@@ -1,8 +1,8 @@
-"""`promtool check metrics` (Prometheus' own linter, built by `make cluster-bins` from its Go module) on the operator's
-/metrics as `homelab-autoscaler dev --simulate` serves it after a scale-up: the SDK's metrics, the provider's, the
-claims' and the usage figures', the energy counters among them. `make test` skips it until promtool is built (and
-says so); `make e2e-real`, which builds it first, runs this file with HOMELAB_E2E_REAL=1, under which a missing
-promtool fails instead."""
+"""Prometheus' own lint, the one `promtool check metrics` runs (client_golang's promlint, built alone by `make
+cluster-bins`: tests/realcluster/promlint), on the operator's /metrics as `homelab-autoscaler dev --simulate` serves
+it after a scale-up: the SDK's metrics, the provider's, the claims' and the usage figures', the energy counters among
+them. `make test` skips it until promlint is built (and says so); `make e2e-real`, which builds it first, runs this
+file with HOMELAB_E2E_REAL=1, under which a missing promlint fails instead."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from tests.realcluster.cluster import bin_dir
 
 CLI = str(BIN / "homelab-autoscaler")
 REQUIRED = os.environ.get("HOMELAB_E2E_REAL", "") not in ("", "0")
-PROMTOOL = bin_dir() / "promtool"
+PROMLINT = bin_dir() / "promlint"
 
 
-def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+def lint(text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PROMLINT)], input=text, capture_output=True, text=True, timeout=60)
 
 
 def served_metrics(tmp_path: Path) -> str:
@@ -58,9 +58,9 @@ def served_metrics(tmp_path: Path) -> str:
 @pytest.mark.long
 @pytest.mark.timeout(420)
 @pytest.mark.system
-def test_promtool_finds_nothing_in_the_operators_metrics(tmp_path: Path) -> None:
-    if not PROMTOOL.is_file():
-        why = f"promtool not built in {bin_dir()}: `make cluster-bins` builds it (Go >= 1.26)"
+def test_prometheus_lint_finds_nothing_in_the_operators_metrics(tmp_path: Path) -> None:
+    if not PROMLINT.is_file():
+        why = f"promlint not built in {bin_dir()}: `make cluster-bins` builds it (Go >= 1.26)"
         if REQUIRED:
             pytest.fail(f"make e2e-real must lint the metrics: {why}")
         pytest.skip(why)
@@ -68,15 +68,16 @@ def test_promtool_finds_nothing_in_the_operators_metrics(tmp_path: Path) -> None
     for name in ("homelab_slot_energy_joules_total", "homelab_slot_always_on_energy_joules_total",
                  "homelab_slot_power_watts", "temporal_request_total", "homelab_provider_calls_total"):  # fmt: skip
         assert f"\n{name}{{" in text, f"{name} is not served: nothing to lint"
-    done = promtool_check(text)
+    done = lint(text)
     assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), done.stdout + done.stderr
 
 
-def test_promtool_would_say_what_it_finds() -> None:
-    """The check can fail: promtool flags a counter without `_total` and an hour as a unit (the old Wh gauges)."""
-    if not PROMTOOL.is_file():
-        pytest.skip(f"promtool not built in {bin_dir()}")
+def test_prometheus_lint_would_say_what_it_finds() -> None:
+    """The check can fail: the lint flags a counter without `_total` and an hour as a unit (the old Wh gauges), with
+    promtool's exit code for problems found (3)."""
+    if not PROMLINT.is_file():
+        pytest.skip(f"promlint not built in {bin_dir()}")
     bad = ("# HELP x_energy_used_watt_hours energy\n# TYPE x_energy_used_watt_hours gauge\n"
            "x_energy_used_watt_hours 1\n# HELP x_boots boots\n# TYPE x_boots counter\nx_boots 1\n")  # fmt: skip
-    done = promtool_check(bad)
-    assert done.returncode != 0 and "hours" in done.stdout + done.stderr and "_total" in done.stdout + done.stderr
+    done = lint(bad)
+    assert done.returncode == 3 and "hours" in done.stdout + done.stderr and "_total" in done.stdout + done.stderr
