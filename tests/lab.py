@@ -27,7 +27,13 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowHistory,
+)
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -288,6 +294,53 @@ async def release_what_a_terminate_kept(client: Client, handle: WorkflowHandle[A
     return kept
 
 
+class Orphans:
+    """Children whose parent run a test ended while they ran, and the clock lock each one's end leaves held.
+
+    The time-skipping server takes a lock when a child completes, fails, is cancelled or times out, for its parent
+    to give back on hearing it; a parent that has ended never hears it, and the clock stays locked for good (a
+    terminated child takes none). The lab notes the children of every run it terminates (`note`) and, before each
+    skip, gives back one lock per noted child that has ended so (`settle`).
+    """
+
+    _LOCKING_ENDS = frozenset({
+        WorkflowExecutionStatus.COMPLETED,
+        WorkflowExecutionStatus.FAILED,
+        WorkflowExecutionStatus.CANCELED,
+        WorkflowExecutionStatus.TIMED_OUT,
+    })  # fmt: skip
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.running: dict[str, str] = {}  # workflow id -> run id
+        self.given_back = 0
+
+    def note(self, desc: WorkflowExecutionDescription) -> None:
+        for child in desc.raw_description.pending_children:
+            self.running[child.workflow_id] = child.run_id
+
+    def forget(self, workflow_id: str) -> None:
+        """A child the lab terminated itself: its end takes no lock."""
+        self.running.pop(workflow_id, None)
+
+    async def settle(self) -> int:
+        """Give back the lock of each noted child that ended since the last look; how many were given back."""
+        given = 0
+        for wid, run_id in list(self.running.items()):
+            status = (await self.client.get_workflow_handle(wid, run_id=run_id).describe()).status
+            if status == WorkflowExecutionStatus.RUNNING:
+                continue
+            if status == WorkflowExecutionStatus.CONTINUED_AS_NEW:  # its next run keeps the same parent
+                self.running[wid] = (await self.client.get_workflow_handle(wid).describe()).run_id
+                continue
+            del self.running[wid]
+            if status in self._LOCKING_ENDS:
+                await self.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+                given += 1
+        self.given_back += given
+        return given
+
+
 class ClockStalled(Exception):
     """The time-skipping server stopped skipping: every skip would take real time from now on."""
 
@@ -320,8 +373,9 @@ class Lab:
     retired: list[WorkflowEnvironment] = field(default_factory=list)  # servers whose state the lab lost
     # A test's own interceptors on the workers started from now on (inside the lab's clock holder).
     interceptors: list[Interceptor] = field(default_factory=list)
-    # Clock locks a terminate left held and the lab gave back (`lose_workflows`).
+    # Clock locks a terminate left held and the lab gave back (`terminate`).
     locks_given_back: int = 0
+    _orphans: Orphans | None = None
 
     async def restart_worker(self) -> None:
         """Stop the worker (its running activities finish first) and start a fresh one: a worker restart. The
@@ -364,6 +418,13 @@ class Lab:
     def client(self) -> Client:
         return self.env.client
 
+    @property
+    def orphans(self) -> Orphans:
+        """The children of runs the lab ended, on the server the lab now uses."""
+        if self._orphans is None or self._orphans.client is not self.client:
+            self._orphans = Orphans(self.client)
+        return self._orphans
+
     # --- time ----------------------------------------------------------------------------------------------
     async def advance(self, seconds: float) -> None:
         """Move workflow time on (timers fire; running activities hold the clock until they finish).
@@ -375,6 +436,7 @@ class Lab:
         """
         if self.settle_after_skip:
             await self.in_flight.quiet()
+        await self.orphans.settle()
         start = await self.server_time()
         left = seconds
         for attempt in range(4):
@@ -579,6 +641,8 @@ class Lab:
             desc = await handle.describe()
             if desc.status != WorkflowExecutionStatus.RUNNING:
                 return None
+            self.orphans.forget(handle.id)
+            self.orphans.note(desc)
             await handle.terminate(reason)
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:  # closed or never there: nothing to end

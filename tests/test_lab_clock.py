@@ -15,7 +15,7 @@ from temporalio import activity, workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.lab import release_what_a_terminate_kept, start_temporal
+from tests.lab import Orphans, release_what_a_terminate_kept, start_temporal
 
 _started = asyncio.Event()
 _hold = asyncio.Event()
@@ -33,6 +33,30 @@ class RunsOneActivity:
     @workflow.run
     async def run(self) -> None:
         await workflow.execute_activity(hold_the_clock, start_to_close_timeout=timedelta(hours=1))
+
+
+@workflow.defn(sandboxed=False)
+class WaitsToBeLetGo:
+    def __init__(self) -> None:
+        self.go = False
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: self.go)
+
+    @workflow.signal
+    def let_go(self) -> None:
+        self.go = True
+
+
+@workflow.defn(sandboxed=False)
+class StartsOneChild:
+    @workflow.run
+    async def run(self, child_id: str) -> None:
+        await workflow.start_child_workflow(
+            WaitsToBeLetGo.run, id=child_id, parent_close_policy=workflow.ParentClosePolicy.ABANDON
+        )
+        await workflow.wait_condition(lambda: False)
 
 
 async def _skips(env: WorkflowEnvironment, seconds: float, real: float) -> bool:
@@ -64,5 +88,36 @@ async def test_a_workflow_terminated_with_an_activity_open_leaves_the_clock_free
             assert await _skips(env, 3600, real=20), "a skip of an hour took real time after the lock was given back"
             assert time.monotonic() - begun < 20
             assert await _skips(env, 60, real=10)  # and the environment's own lock is still balanced
+    finally:
+        await env.shutdown()
+
+
+async def test_a_child_that_ends_after_its_parent_was_terminated_leaves_the_clock_free_once_settled() -> None:
+    """The group is lost while its claims run on (they are abandoned, as the group starts them): a claim that ends
+    later takes a lock for its parent to give back, and no parent is left to."""
+    env = await start_temporal()
+    try:
+        queue = f"orphan-{uuid.uuid4().hex[:8]}"
+        child_id = f"child-{queue}"
+        async with Worker(env.client, task_queue=queue, workflows=[StartsOneChild, WaitsToBeLetGo]):
+            parent = await env.client.start_workflow(
+                StartsOneChild.run, child_id, id=f"parent-{queue}", task_queue=queue
+            )
+            deadline = time.monotonic() + 30
+            while not (desc := await parent.describe()).raw_description.pending_children:
+                assert time.monotonic() < deadline, "the child never started"
+                await asyncio.sleep(0.1)
+            orphans = Orphans(env.client)
+            orphans.note(desc)
+            await parent.terminate("the group is lost")
+            child = env.client.get_workflow_handle(child_id)
+            await child.signal(WaitsToBeLetGo.let_go)
+            await asyncio.wait_for(child.result(), 30)
+
+            assert not await _skips(env, 30, real=3)  # the child's end holds the clock for a parent that is gone
+            assert await orphans.settle() == 1
+            assert await _skips(env, 3600, real=20), "a skip of an hour took real time after the lock was given back"
+            assert await orphans.settle() == 0 and not orphans.running  # each child's lock given back once
+            assert await _skips(env, 60, real=10)
     finally:
         await env.shutdown()
