@@ -300,7 +300,8 @@ class Orphans:
     The time-skipping server takes a lock when a child completes, fails, is cancelled or times out, for its parent
     to give back on hearing it; a parent that has ended never hears it, and the clock stays locked for good (a
     terminated child takes none). The lab notes the children of every run it terminates (`note`) and, before each
-    skip, gives back one lock per noted child that has ended so (`settle`).
+    skip, gives back one lock per noted child that has ended so (`settle`). A group that continued as new leaves its
+    claims the same way; no test ends a claim of a continued group, and one that did would stall as ClockStalled.
     """
 
     _LOCKING_ENDS = frozenset({
