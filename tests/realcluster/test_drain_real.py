@@ -10,7 +10,7 @@ Two machines of `workers` are on when the operator starts (adopted). Each gets a
 2. `held`, annotated `karpenter.sh/do-not-disrupt: "true"`: blocked likewise; its annotation swapped for
    cluster-autoscaler's `safe-to-evict: "false"`, still blocked a round later; until the claim is annotated
    `infra.homecluster.dev/force-drain=true`.
-The claim's Events are printed while blocked and after (what `kubectl describe nodeclaim` shows).
+`kubectl describe nodeclaim` is printed while blocked and after.
 3. Law 3: the first machine again, no claim wanting it. With the operator's worker stopped (no workflow acts, as
    during a take-over), a person switches it on and a Deployment's Pod that prefers it (preferred node affinity, 3
    CPUs) is scheduled there; the spare is switched on too (a slot never claimed: adopted), with room. The worker
@@ -91,9 +91,16 @@ def events(s: Stack, kind: str, name: str) -> list[Any]:
 
 
 def describe(s: Stack, claim: str) -> str:
-    """The claim's Events as `kubectl describe nodeclaim` lists them."""
-    rows = sorted(events(s, names.KIND_NODECLAIM, claim), key=lambda e: str(e.metadata.creation_timestamp))
-    return "\n".join(f"  {e.type:<8} {e.reason:<20} {e.message}" for e in rows)
+    """What a person reads: `kubectl describe nodeclaim` by the server's own kubectl (status, conditions, Events).
+    A claim deleted by hand is let go once its terminal record is written; then its Events are what is left."""
+    shown = s.cluster.kubectl("describe", "nodeclaim", claim, "-n", NS, timeout=30, check=False)
+    if shown.returncode == 0:
+        return shown.stdout
+    assert "NotFound" in shown.stderr, shown.stderr
+    selector = f"involvedObject.kind={names.KIND_NODECLAIM},involvedObject.name={claim}"
+    left = s.cluster.kubectl("get", "events", "-n", NS, "--field-selector", selector, "--sort-by=.lastTimestamp")
+    asked = f"$ kubectl describe nodeclaim {claim}\n{shown.stderr}"
+    return f"{asked}$ kubectl get events --field-selector {selector}\n{left.stdout}"
 
 
 def workload(s: Stack, name: str, node: str, annotations: dict[str, str]) -> None:
