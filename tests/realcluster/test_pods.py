@@ -959,6 +959,21 @@ def test_the_operator_never_stands_on_a_machine_and_the_split_overlay_runs(pods:
     once_each(s, [name])
 
 
+def answered_by_the_webhook(s: PodStack, claim: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply` of a hand-written claim once the API server reaches the webhook: its Service is new with the
+    overlay, and a second after the Pod is Ready kube-proxy may not route the Service's address to it yet (the API
+    server says "failed calling webhook": the node's egress answered 502 once, 2 s after the webhook listened)."""
+
+    def apply() -> subprocess.CompletedProcess[str] | None:
+        done = s.cluster.kubectl("apply", "-f", "-", input=claim, check=False)
+        return None if "failed calling webhook" in done.stderr else done
+
+    answered: subprocess.CompletedProcess[str] = wait_until(
+        "the API server to reach the admission webhook through its Service", apply, within=60, every=1
+    )
+    return answered
+
+
 def test_the_homelab_mtls_overlay_with_the_harness_as_cert_manager(pods: PodStack) -> None:
     """`deploy/overlays/homelab-mtls` and `deploy/cluster-autoscaler/mtls` applied as docs/install.md says, with
     cert-manager's CRDs installed and the harness issuing exactly what cert-manager would
@@ -989,7 +1004,7 @@ def test_the_homelab_mtls_overlay_with_the_harness_as_cert_manager(pods: PodStac
     # The admission webhook through its Service: a person's second live claim on a busy slot is refused.
     owner = next(c for c in live(s) if phase(c) == "ready")
     slot, live_name = owner["spec"]["node"], owner["metadata"]["name"]
-    done = s.cluster.kubectl("apply", "-f", "-", input=hand_claim("by-hand", slot), check=False)
+    done = answered_by_the_webhook(s, hand_claim("by-hand", slot))
     assert done.returncode == 1, done.stdout
     assert seed_refusal("by-hand", slot, live_name, "ready") in done.stderr, done.stderr
     with s.phase("overlay homelab-mtls: a boot"):
