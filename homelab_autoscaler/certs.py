@@ -45,7 +45,6 @@ WEBHOOK_CONFIG = "homelab-autoscaler"
 WEBHOOK_SERVICE = "homelab-autoscaler-webhook"
 INJECTED = "cert-manager.io/inject-ca-from"
 CERT_MANAGER = "cert-manager.io/certificate-name"
-ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -337,18 +336,24 @@ class CertSetup:
 
     # --- one run --------------------------------------------------------------------------------------------
     def run(self) -> list[str]:
-        """Everything once; a write refused because another run moved first is decided again (a bounded few)."""
-        for attempt in range(1, ATTEMPTS + 1):
+        """Everything once; a write refused because another run moved first is decided again.
+
+        Each refusal means another run settled one object that a new decision keeps, so a run is refused at most once
+        per object it writes (the CA, each leaf, the webhook's registration), however many run at once: that many
+        tries and one more. A fixed three failed one of three runs started together under load."""
+        everyone = leaves(self.namespace, self.client_namespace)
+        everyone += temporal_leaves(self.namespace) if self.temporal else ()
+        attempts = len(everyone) + 3
+        for attempt in range(1, attempts + 1):
             self.said = []
             try:
                 authority = self.authority()
-                everyone = leaves(self.namespace, self.client_namespace)
-                for leaf in everyone + (temporal_leaves(self.namespace) if self.temporal else ()):
+                for leaf in everyone:
                     self.leaf(leaf, authority)
                 self.ca_bundle()
                 return self.said
             except Conflict as err:
-                if attempt == ATTEMPTS:
+                if attempt == attempts:
                     raise
                 log.info("another run wrote first (%s): deciding again", err)
         raise AssertionError("unreachable")
