@@ -353,7 +353,8 @@ def group_usage(parts: Iterable[tuple[Tally, PowerDraw | None]], now: datetime) 
     ]
     if with_energy:
         said.append(
-            f"{saved:.1f} Wh saved of {always_on:.1f} Wh always on ({used:.1f} Wh used; "
+            # The figures as the status holds them, so `describe` says what `kubectl get groups` shows.
+            f"{_wh(saved)} Wh saved of {_wh(always_on)} Wh always on ({_wh(used)} Wh used; "
             f"{with_energy} of {len(tallies)} slots have a whole powerDraw)"
         )
     else:

@@ -146,6 +146,9 @@ def test_a_group_is_its_slots_brought_to_one_instant_and_a_current_state_counts_
         assert getattr(group, name) == pytest.approx(sum(getattr(s, name) for s in slots), abs=1e-3), name
     assert slots[0].off_percent == round(100 * 600 / 3600, 1), "a machine on since 10 min: 16.7% off, not 100%"
     assert usage.at(on, T0) is on, "a moment before the count moves nothing"
+    # `describe` says the figures `kubectl get groups` shows, rounded alike (the demo once read 0.3 beside 0.279).
+    said = f"{group.energy_saved_wh} Wh saved of {group.energy_always_on_wh} Wh always on ({group.energy_used_wh} Wh"
+    assert said in group.summary and f"off {group.off_percent:.1f}%" in group.summary, group.summary
 
 
 def test_joules_follow_the_same_rule_as_the_status_energy_and_power_is_the_declared_draw_of_the_state() -> None:
