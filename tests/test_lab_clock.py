@@ -64,7 +64,7 @@ class StartsOneChild:
 async def _lands(skip: asyncio.Future[None], real: float) -> bool:
     """Whether a skip under way lands within `real` real seconds. One that does not is left running: the server goes
     on with it whatever the caller does, and takes the environment's lock back only when it ends, so a test awaits
-    it before its next skip (a skip begun first is refused, "Unbalanced lock and unlock calls")."""
+    it before its next skip (one begun before it ends is refused: "Unbalanced lock and unlock calls")."""
     done, _ = await asyncio.wait({skip}, timeout=real)
     if done:
         skip.result()
