@@ -146,3 +146,26 @@ def test_a_dependencys_unused_integrations_go_and_the_used_one_stays(tmp_path: P
     gone = dict(TOOL["remove"](site, (), ()))
     assert set(gone) == {"temporalio/contrib/openai_agents", "temporalio/contrib/aws"}
     assert (site / "temporalio" / "contrib" / "pydantic.py").exists()
+
+
+def test_a_venv_for_another_platform_is_slimmed_without_importing_and_imported_by_the_last_stage(
+    tmp_path: Path,
+) -> None:
+    """The cross-built image's two steps (Dockerfile): `--slim-only` on the builder imports nothing (a foreign
+    extension module could not load there), strips with the program named; `--import-only` on the target's platform
+    imports every module and fails the build, saying which, when one cannot."""
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env)
+    site = TOOL["site_packages"](env)
+    _write(site / "mine" / "__init__.py", "import nowhere_to_be_found\n")
+    _write(site / "kubernetes" / "__init__.py")  # the check holds the real one to be packed: this one is
+    _write(site / "native" / "ext.so", "not an ELF file: a strip that ran would fail on it")
+    stripper = _write(tmp_path / "strip-for-target", '#!/bin/sh\necho "$@" > "$(dirname "$0")/stripped"\n')
+    stripper.chmod(0o755)
+    assert TOOL["main"]([str(env), "--strip", "--strip-program", str(stripper), "--slim-only", "--check", "mine"]) == 0
+    assert "--strip-unneeded" in (tmp_path / "stripped").read_text()
+    assert str(site / "native" / "ext.so") in (tmp_path / "stripped").read_text()
+    with pytest.raises(SystemExit, match=r"(?s)cannot import the project:.*nowhere_to_be_found"):
+        TOOL["main"]([str(env), "--import-only", "--check", "mine"])
+    _write(site / "mine" / "__init__.py", "VALUE = 1\n")
+    assert TOOL["main"]([str(env), "--import-only", "--check", "mine"]) == 0

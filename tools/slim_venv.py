@@ -165,12 +165,13 @@ def pack(site: Path, names: list[str]) -> int:
     return archive.stat().st_size
 
 
-def strip(site: Path) -> int:
-    """binutils' strip on every extension module (the symbols the loader needs stay); the bytes it saved."""
+def strip(site: Path, program: str = "strip") -> int:
+    """binutils' strip on every extension module (the symbols the loader needs stay); the bytes it saved. `program`:
+    the target's own (`aarch64-linux-gnu-strip`) when the image is built for another platform than the builder's."""
     libraries = sorted(f for f in site.rglob("*.so*") if f.is_file() and not f.is_symlink())
     before = sum(f.stat().st_size for f in libraries)
     if libraries:
-        subprocess.run(["strip", "--strip-unneeded", *map(str, libraries)], check=True, timeout=600)
+        subprocess.run([program, "--strip-unneeded", *map(str, libraries)], check=True, timeout=600)
     return before - sum(f.stat().st_size for f in libraries)
 
 
@@ -193,13 +194,36 @@ def bytecode_only(site: Path, keep: Iterable[str] = (), patterns: Iterable[str] 
     return saved
 
 
+def import_all(venv: Path, packages: list[str], skip: str) -> None:
+    """Every module of `packages` imported by the venv's Python, with no temporary file to be had; exits saying what
+    failed. From an empty directory: the build's working directory holds the sources, which must not stand in for the
+    installed packages."""
+    with tempfile.TemporaryDirectory() as elsewhere:
+        check = subprocess.run([str(venv / "bin" / "python"), "-c", IMPORT_ALL, skip, *packages],
+                               capture_output=True, text=True, timeout=600, cwd=elsewhere)  # fmt: skip
+    if check.returncode != 0:
+        raise SystemExit(f"slim_venv: the slimmed virtualenv cannot import the project:\n{check.stderr[-3000:]}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("venv", type=Path)
     parser.add_argument("--check", nargs="+", default=[], help="the project's packages, imported module by module")
     parser.add_argument("--skip", default="", help="modules --check leaves out, comma-separated (a dev tool's)")
     parser.add_argument("--strip", action="store_true", help="extension modules without their symbol tables")
+    parser.add_argument("--strip-program", default="strip", help="binutils' strip for the extension modules' platform")
+    step = parser.add_mutually_exclusive_group()
+    step.add_argument(
+        "--slim-only",
+        action="store_true",
+        help="no import afterwards: the venv is for another platform (the image's stage imports it)",
+    )
+    step.add_argument("--import-only", action="store_true", help="only import the --check packages (no slimming)")
     args = parser.parse_args(argv)
+    if args.import_only:
+        import_all(args.venv, args.check, args.skip)
+        print(f"slim_venv: every module of {', '.join(args.check)} imports from {args.venv}")
+        return 0
     site = site_packages(args.venv)
     before = size(args.venv)
     gone = remove(site, UNUSED, UNUSED_INSIDE)
@@ -207,14 +231,9 @@ def main(argv: list[str]) -> int:
     plain = sum(size(site / n) for n in names)
     zipped = pack(site, names)
     generated = bytecode_only(site, keep=args.check)
-    stripped = strip(site) if args.strip else 0
-    # From an empty directory: the build's working directory holds the sources, which must not stand in for the
-    # installed packages.
-    with tempfile.TemporaryDirectory() as elsewhere:
-        check = subprocess.run([str(args.venv / "bin" / "python"), "-c", IMPORT_ALL, args.skip, *args.check],
-                               capture_output=True, text=True, timeout=600, cwd=elsewhere)  # fmt: skip
-    if check.returncode != 0:
-        raise SystemExit(f"slim_venv: the slimmed virtualenv cannot import the project:\n{check.stderr[-3000:]}")
+    stripped = strip(site, args.strip_program) if args.strip else 0
+    if not args.slim_only:
+        import_all(args.venv, args.check, args.skip)
     mb = 1e6
     named = [p for p, _ in gone if any(fnmatch.fnmatch(p, pattern) for pattern in UNUSED)]
     integrations = [p for p, _ in gone if any(p.startswith(d + "/") for d in INTEGRATIONS)]

@@ -321,19 +321,32 @@ class Builder:
         with _emulating(platform):
             return self.ensure("python-base", key, build, platform=platform)
 
-    def operator(self, source: Path = ROOT, *, base: Built, note: str = "") -> Built:
+    def operator(self, source: Path = ROOT, *, base: Built, note: str = "", builder_base: Built | None = None) -> Built:
         """The repository's Dockerfile, unchanged, built with `buildah bud` on the Debian base for the base's
-        platform; the machine's CA bundle is mounted for the build only (pip verifies PyPI through it)."""
+        platform; the machine's CA bundle is mounted for the build only (pip verifies PyPI through it). For another
+        platform than the machine's, `builder_base` is the machine's base, which the Dockerfile's build stages run
+        on (`BUILD_PYTHON_IMAGE`: the stand-in bases are one platform each, where the official image is an index)."""
         dockerfile = (source / "Dockerfile").read_text()
         ignore_file = source / ".dockerignore"
         ignore = ignore_file.read_text().splitlines() if ignore_file.exists() else []
         files = context_files(source, dockerfile, ignore)
-        key = content_key(RECIPE, "operator", base.local, base.platform, dockerfile, *[
+        # Debian's buildah (1.28) sets TARGETARCH but not BUILDPLATFORM, which BuildKit and later buildah set.
+        builder = [
+            "--build-arg",
+            f"BUILDPLATFORM=linux/{machine_arch()}",
+            "--build-arg",
+            f"TARGETPLATFORM={base.platform}",
+            "--build-arg",
+            f"TARGETARCH={base.platform.split('/')[1]}",
+        ]
+        if builder_base is not None:
+            builder += ["--build-arg", f"BUILD_PYTHON_IMAGE={builder_base.local}"]
+        key = content_key(RECIPE, "operator", base.local, base.platform, *builder, dockerfile, *[
             str(f.relative_to(source)).encode() + b"\0" + f.read_bytes() for f in files])  # fmt: skip
 
         def build(local: str) -> None:
             args = ["bud", "--layers", "--network", "host", "--platform", base.platform, "--build-arg",
-                    f"PYTHON_IMAGE={base.local}", "-t", local, "-f", str(source / "Dockerfile")]  # fmt: skip
+                    f"PYTHON_IMAGE={base.local}", *builder, "-t", local, "-f", str(source / "Dockerfile")]  # fmt: skip
             if MACHINE_CA_BUNDLE.exists():
                 args += ["--volume", f"{MACHINE_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro"]
             self.buildah(*args, str(source), timeout=3600)
@@ -534,14 +547,15 @@ def _mmdebstrap(args: list[str]) -> None:
 @contextlib.contextmanager
 def _emulating(platform: str) -> Iterator[None]:
     """arm64's programs run for a foreign platform's build or run (tests/binfmt.py); nothing for the machine's own."""
-    if platform == f"linux/{_machine_arch()}":
+    if platform == f"linux/{machine_arch()}":
         yield
         return
     with binfmt.arm64():
         yield
 
 
-def _machine_arch() -> str:
+def machine_arch() -> str:
+    """The machine's architecture as an image platform names it (amd64, arm64)."""
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
 
 
