@@ -23,8 +23,8 @@ import yaml
 from kubernetes import client as k8s
 
 from homelab_autoscaler.devserver import temporal_binary
-from tests import releases
 from tests.procs import free_port
+from tests.realcluster import prebuild
 from tests.realcluster.cluster import Cluster, bin_dir, cluster_autoscaler_binary, wait_until
 from tests.realcluster.executor import Executor, Machine
 from tests.realcluster.images import (
@@ -33,9 +33,6 @@ from tests.realcluster.images import (
     Builder,
     Built,
     Registry,
-    export_commit,
-    previous_image_commit,
-    resolve_commit,
 )
 from tests.realcluster.machineroom import MachineRoom
 from tests.realcluster.node import (
@@ -51,13 +48,12 @@ from tests.realcluster.node import (
     strays,
 )
 from tests.realcluster.stack import Homelab, homelab_objects
-from tests.upgrade.previous import source_of
 
 if TYPE_CHECKING:
     from tests.machineroom.net import Host, Lan
 
 NS = "homelab-autoscaler-system"
-PREVIOUS = "homelab-autoscaler-previous"
+PREVIOUS = prebuild.PREVIOUS
 HERE = Path(__file__).resolve().parent
 ADDONS = HERE / "addons"
 TOLERATE_CONTROL_PLANE = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
@@ -206,39 +202,19 @@ class PodStack:
             self.built["temporal-server"] = b.temporal_server(temporal)
             self.built["temporal-admin-tools"] = b.temporal_admin_tools(temporal, Path(temporal_binary()))
             self.built["temporal-ui"] = b.temporal_ui(temporal)
-            self.built["postgresql"] = b.postgresql()
-            # The operator's image for both platforms under one tag (issue 42): the arm64 one built under emulation,
-            # each platform's line printed (`image <name> <platform> <MB> MB`, with the base's share).
-            base = b.python_base()
-            self.built["python-base"] = base
-            bases = [base, b.python_base("linux/arm64")]
-            operators = [b.operator(base=each) for each in bases]
-            self.built["homelab-autoscaler"] = b.index("homelab-autoscaler", operators)
-            for platform, mb, added in b.say_sizes(self.built["homelab-autoscaler"], bases):
+            # The operator's image for both platforms under one tag (issue 42), the previous release's, and the
+            # bases they stand on: built ahead by .ci/run when it can (tests/realcluster/prebuild.py).
+            operators = prebuild.operator_images(b, self.dir)
+            self.built.update(operators.built)
+            self.previous_commit = operators.previous_commit
+            for platform, mb, added in b.say_sizes(self.built["homelab-autoscaler"], operators.bases):
                 assert mb <= OPERATOR_MAX_MB and added <= OPERATOR_ADDS_MAX_MB, (
                     f"the operator's {platform} image is {mb:.1f} MB, {added:.1f} MB over its base: issue 42 bounds "
                     f"them at {OPERATOR_MAX_MB} and {OPERATOR_ADDS_MAX_MB} MB (tools/slim_venv.py says what it left)"
                 )
-            for each in operators:  # the foreign one under emulation: what the build made runs there
+            for each in operators.members:  # the foreign one under emulation: what the build made runs there
                 said = b.run_in(each, "sh", "-c", "echo $(uname -m): $(homelab-autoscaler --version)")
                 print(f"image homelab-autoscaler {each.platform} runs: {said}", flush=True)
-            # The release before this checkout's, for the rollout while claims are in flight: tests/releases.py's
-            # previous release (the one `make upgrade` upgrades from, the supported upgrade), built from its own
-            # Dockerfile; with none recorded, the nearest earlier commit whose image differs (a clone without it
-            # says so there). HOMELAB_E2E_PREVIOUS names another (an older release, to roll across more history).
-            given = os.environ.get("HOMELAB_E2E_PREVIOUS", "")
-            release = releases.previous()
-            if given:
-                self.previous_commit = resolve_commit(given)
-            elif release is not None:
-                self.previous_commit = source_of(release)  # its tag, or its commit in a clone without tags
-            else:
-                self.previous_commit = previous_image_commit()
-            if self.previous_commit is not None:
-                source = export_commit(self.previous_commit, self.dir / "previous")
-                self.built[PREVIOUS] = b.operator(
-                    source, base=base, note=f" (the previous release, {self.previous_commit[:10]})"
-                )
 
     def push_images(self) -> None:
         for name, built in self.built.items():
