@@ -24,7 +24,11 @@ FAKE_MAKE = """\
 what="$*"
 case "$what" in *tests.realcluster.prebuild*) what=prebuild ;; "") what=$(basename "$0") ;; esac
 echo "start $what nice=$(nice) driver=${HOMELAB_E2E_DRIVER:-} $(date +%s.%N)" >> "$CI_FAKE_LOG"
-case "$what" in *bins|power-images|prebuild) sleep "${CI_FAKE_BUILD_SLEEP:-0.2}" ;; test) sleep 2 ;; *) sleep 0.2 ;; esac
+case "$what" in
+  *bins|power-images|prebuild) sleep "${CI_FAKE_BUILD_SLEEP:-0.2}" ;;
+  test) sleep 2 ;;
+  *) sleep 0.2 ;;
+esac
 echo "end $what $(date +%s.%N)" >> "$CI_FAKE_LOG"
 [ "$what" != "${CI_FAKE_FAIL:-none}" ] || { echo "fake failure of $what"; exit 3; }
 """
