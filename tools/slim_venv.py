@@ -13,6 +13,11 @@
   as files keep only their bytecode (their source is a serialized descriptor).
 
     python slim_venv.py VENV --check PACKAGE ...    prints what it removed and packed, in MB
+    python slim_venv.py VENV --slim-only ...        the same without the import (a venv for another platform)
+    python slim_venv.py VENV --import-only --check PACKAGE ...    the import alone, on the venv's own platform
+
+The Dockerfile slims in its build stage, on the builder's platform (`--slim-only`, the target's `--strip-program`),
+and imports in its last stage, on the target's (`--import-only`).
 
 `--check` names the project's packages: every module of each is imported afterwards by the venv's Python with no
 temporary files to be had (a Pod's root file system is read-only), so a dependency that cannot run from the zip, or a
