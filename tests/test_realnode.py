@@ -353,3 +353,20 @@ def test_the_log_keeper_keeps_what_a_replaced_pod_printed(tmp_path: Path) -> Non
     kept = dest / "ns_operator-abc" / "homelab-autoscaler.log"
     assert kept.read_text() == "one\ntwo\n"
     assert "two" in keeper.tails(5, names=("operator",)) and keeper.tails(5, names=("temporal",)) == ""
+
+
+def test_an_image_key_is_the_same_in_every_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe that names a file of the checkout (the Debian base's hook, PostgreSQL's entry point) keys the same in
+    every clone, and differently when the file's content changes: CI clones afresh, so a key naming the clone's
+    directory never hit the cache."""
+    keys = []
+    for clone in ("a", "b"):
+        root = tmp_path / clone
+        hook = root / "tests" / "hook.sh"
+        hook.parent.mkdir(parents=True)
+        hook.write_text("echo slim\n")
+        monkeypatch.setattr(images, "ROOT", root)
+        keys.append(images.content_key("recipe", f"--customize-hook=sh {hook}", hook))
+    assert keys[0] == keys[1]
+    hook.write_text("echo slimmer\n")
+    assert images.content_key("recipe", f"--customize-hook=sh {hook}", hook) != keys[1]

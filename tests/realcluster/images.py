@@ -113,18 +113,24 @@ def context_files(root: Path, dockerfile: str, ignore: Iterable[str] = ()) -> li
 
 
 def content_key(*parts: bytes | str | Path) -> str:
-    """A digest of what goes into an image: bytes, strings, and files (by their path and content)."""
+    """A digest of what goes into an image: bytes, strings, and files (by their path and content). A path into this
+    checkout counts from the checkout, so every clone has the same keys: CI clones afresh each run, and a key that
+    named the clone's directory missed the cache every time (the stand-in bases and the operator's images)."""
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
-            h.update(str(part).encode() + b"\0")
+            h.update(_in_checkout(str(part)).encode() + b"\0")
             h.update(part.read_bytes())
         elif isinstance(part, str):
-            h.update(part.encode())
+            h.update(_in_checkout(part).encode())
         else:
             h.update(part)
         h.update(b"\0\0")
     return h.hexdigest()[:16]
+
+
+def _in_checkout(text: str) -> str:
+    return text.replace(str(ROOT), "<checkout>")
 
 
 # An image's recipe: given the local name, it builds the image under that name.
