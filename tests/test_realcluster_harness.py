@@ -1,11 +1,15 @@
 """The real-cluster harness's own logic, without a cluster (`make e2e-real` runs the rest): the stand-in
 autoscaler's decisions as cluster-autoscaler makes them, the RBAC table's arithmetic over deploy/'s own rules, the
-replay's comparison, the PKI's certificates, and how cluster-autoscaler is launched from deploy/'s manifests."""
+replay's comparison, the PKI's certificates, how cluster-autoscaler is launched from deploy/'s manifests, and how
+machines' kubelets start side by side."""
 
 from __future__ import annotations
 
 import ipaddress
 import ssl
+import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +21,7 @@ from cryptography.x509 import verification
 
 from proto import externalgrpc_pb2 as pb
 from tests.realcluster import audit, deployed, pki, replay, standin
+from tests.realcluster.cluster import KWOK_LOGS_CRD, KWOK_STAGES, Cluster, wait_until
 from tests.realcluster.standin import GroupView, NodeShape, PodNeed, Standin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +210,112 @@ def test_the_pki_issues_a_serving_and_a_client_certificate_the_ca_verifies(tmp_p
     ctx.load_cert_chain(str(client.cert), str(client.key))  # a key that does not match its certificate raises
     with pytest.raises(ssl.SSLError):
         ctx.load_cert_chain(str(client.cert), str(serving.key))
+
+
+# --- the machines' kubelets (cluster.py) ---------------------------------------------------------------------------
+# A stand-in for KWOK: it says whether its kubeconfig's client certificate and key are a pair (what the API server's
+# handshake refuses when they are not), then runs until stopped; a node named "dies" exits at once, as a KWOK that
+# cannot reach the API server does.
+FAKE_KWOK = f"""#!{sys.executable}
+import sys, time, yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+user = yaml.safe_load(open(args["kubeconfig"]))["users"][0]["user"]
+cert = x509.load_pem_x509_certificate(open(user["client-certificate"], "rb").read())
+key = serialization.load_pem_private_key(open(user["client-key"], "rb").read(), None)
+print("pair" if cert.public_key() == key.public_key() else "mismatch", flush=True)
+if args["manage-single-node"] == "dies":
+    sys.exit(3)
+time.sleep(60)
+"""
+# kubectl applies and waits for KWOK's Logs CRD: it takes a moment, as against a real API server.
+FAKE_KUBECTL = f"""#!{sys.executable}
+import sys, time
+open(sys.argv[0] + ".calls", "a").write(" ".join(sys.argv[3:4]) + "\\n")
+time.sleep(0.2)
+"""
+
+
+def fake_kubelet_cluster(tmp_path: Path) -> Cluster:
+    bins = tmp_path / "kube" / "bin"
+    bins.mkdir(parents=True)
+    for name, text in (("kwok", FAKE_KWOK), ("kubectl", FAKE_KUBECTL)):
+        (bins / name).write_text(text)
+        (bins / name).chmod(0o755)
+    for rel in (*KWOK_STAGES, KWOK_LOGS_CRD):
+        (bins.parent / "kwok-stages" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (bins.parent / "kwok-stages" / rel).write_text(f"kind: Stage\nmetadata: {{name: {Path(rel).stem}}}\n")
+    (bins.parent / KWOK_LOGS_CRD).parent.mkdir(parents=True, exist_ok=True)
+    (bins.parent / KWOK_LOGS_CRD).write_text("kind: CustomResourceDefinition\n")
+    return Cluster(tmp_path / "cluster", bins=bins)
+
+
+def test_machines_that_boot_at_once_share_one_kubelet_credential_made_once(tmp_path: Path) -> None:
+    """Machines power on side by side (the machine room's boot timers, the executor's thread): the first kubelet's
+    setup (KWOK's client certificate, its CRD, its Stages) happens once, and every KWOK reads a certificate with its
+    own key. Two first boots at once each issued the certificate, a KWOK read one's cert with the other's key, exited
+    ("private key does not match public key"), and its claim waited out its boot with no Node."""
+    cluster = fake_kubelet_cluster(tmp_path)
+    nodes = [f"machine-{i}" for i in range(6)]
+    gate = threading.Barrier(len(nodes))
+    errors: list[BaseException] = []
+
+    def boot(node: str) -> None:
+        try:
+            gate.wait(10)
+            cluster.start_kubelet(node)
+        except BaseException as exc:  # the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=boot, args=(n,)) for n in nodes]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert sorted(cluster.kubelets) == nodes
+        logs = {n: tmp_path / "cluster" / f"kubelet-{n}.log" for n in nodes}
+        said = wait_until("every KWOK to say whether its credential is a pair",
+                          lambda: all(p.is_file() and p.read_text().strip() for p in logs.values()) and
+                          {n: p.read_text().strip() for n, p in logs.items()}, within=30)  # fmt: skip
+        assert said == dict.fromkeys(nodes, "pair")
+        calls = (cluster.bins / "kubectl.calls").read_text().split()
+        assert calls == ["apply", "wait"], f"KWOK's CRD applied and waited for once, not {calls}"
+        assert not cluster.dead_kubelets()
+    finally:
+        cluster.stop()
+
+
+def test_a_kubelet_that_exits_unasked_fails_a_wait_at_once_and_one_stopped_does_not(tmp_path: Path) -> None:
+    """A machine's kubelet that exits (its API server unreachable, a bad credential) is named by a wait on its Node at
+    once, with its log; a machine powered off stops its kubelet, and that is no failure."""
+    cluster = fake_kubelet_cluster(tmp_path)
+    try:
+        cluster.start_kubelet("machine-1")
+        cluster.start_kubelet("dies")
+        cluster.stop_kubelet("machine-1")
+        dead = wait_until("the kubelet of 'dies' to exit", cluster.dead_kubelets, within=30)
+        assert [p.name for p in dead] == ["kubelet-dies"]
+        began = time.monotonic()
+        with pytest.raises(AssertionError, match=r"kubelet-dies exited with code 3 while waiting for dies Ready"):
+            wait_until("dies Ready", lambda: False, within=60, procs=cluster.dead_kubelets)
+        assert time.monotonic() - began < 5, "the wait named the dead kubelet at once, not at its bound"
+    finally:
+        cluster.stop()
+
+
+def test_a_wait_that_times_out_says_how_things_stand_then() -> None:
+    """What a wait's text says is written before it waits; `now` says how things stand when it gives up."""
+    state = ["booting"]
+
+    def check() -> bool:
+        state[0] = "failed"
+        return False
+
+    with pytest.raises(AssertionError, match=r"waited 0 s for the claim ready, in vain; now: failed"):
+        wait_until("the claim ready", check, within=0.1, now=lambda: state[0])
 
 
 # --- cluster-autoscaler as deploy/ runs it (deployed.py) -----------------------------------------------------------

@@ -14,6 +14,7 @@ import os
 import signal
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,8 +127,10 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path = ROOT
     popen: subprocess.Popen[bytes] | None = None
+    stopped: bool = False  # asked to stop (a machine powered off): its exit is no failure
 
     def start(self) -> Proc:
+        self.stopped = False
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 self.args, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
@@ -139,7 +142,13 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    @property
+    def died(self) -> bool:
+        """It exited when nobody asked it to: what a wait on it can never see happen."""
+        return self.popen is not None and self.popen.poll() is not None and not self.stopped
+
     def stop(self, grace: float = 10.0) -> None:
+        self.stopped = True
         proc = self.popen
         if proc is None or proc.poll() is not None:
             return
@@ -159,13 +168,17 @@ class Proc:
 
 
 def wait_until(what: str, check: Callable[[], Any], *, within: float, every: float = 0.25,
-               procs: list[Proc] | None = None) -> Any:  # fmt: skip
-    """Poll `check` until it returns something truthy; fail naming what did not happen (and a process that died)."""
+               procs: list[Proc] | Callable[[], list[Proc]] | None = None,
+               now: Callable[[], str] | None = None) -> Any:  # fmt: skip
+    """Poll `check` until it returns something truthy; fail naming what did not happen, how things stand then
+    (`now`: `what` was written before the wait), and a process that died (`procs`, or a callable for processes
+    started during the wait, such as the kubelets of machines that boot)."""
     end = time.monotonic() + within
     last: BaseException | None = None
     while True:
-        for p in procs or []:
-            if p.popen is not None and p.popen.poll() is not None:
+        for p in procs() if callable(procs) else procs or []:
+            if p.died:
+                assert p.popen is not None
                 raise AssertionError(
                     f"{p.name} exited with code {p.popen.returncode} while waiting for {what}:\n{p.tail()}"
                 )
@@ -177,6 +190,8 @@ def wait_until(what: str, check: Callable[[], Any], *, within: float, every: flo
             last = exc
         if time.monotonic() > end:
             hint = f" (last error: {last})" if last else ""
+            if now is not None:
+                hint += f"; now: {now()}"
             raise AssertionError(f"waited {within:.0f} s for {what}, in vain{hint}")
         time.sleep(every)
 
@@ -206,8 +221,13 @@ class Cluster:
         self.sa_key = pki.service_account_key(self.pki.dir / "sa.key")
         self.admin_kubeconfig = self._component_kubeconfig("admin", "kubernetes-admin", ("system:masters",))
         self._admin: k8s.ApiClient | None = None
+        self._admin_lock = threading.Lock()
         self._kwok_kubeconfig: Path | None = None
         self.kubelets: dict[str, Proc] = {}
+        # Machines boot on the machine room's timer threads, the executor's and the test's own, side by side: the
+        # kubelets and what the first one sets up (KWOK's certificate, its CRD, its Stages) change under this lock.
+        # Two first boots at once each issued the certificate, and a KWOK read one's cert with the other's key.
+        self._kubelets_lock = threading.Lock()
 
     # --- kubeconfigs and clients --------------------------------------------------------------------------------
     def _component_kubeconfig(self, stem: str, user: str, groups: tuple[str, ...] = ()) -> Path:
@@ -228,9 +248,10 @@ class Cluster:
 
     @property
     def admin(self) -> k8s.ApiClient:
-        if self._admin is None:
-            self._admin = k8s_config.new_client_from_config(config_file=str(self.admin_kubeconfig))
-        return self._admin
+        with self._admin_lock:  # the harness's threads share one client, made once
+            if self._admin is None:
+                self._admin = k8s_config.new_client_from_config(config_file=str(self.admin_kubeconfig))
+            return self._admin
 
     def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None, timeout: float = 120,
                 check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
@@ -365,6 +386,10 @@ class Cluster:
         Node NotReady after the grace period, as for a real kubelet (KWOK keeps renewing the Lease of a node it
         stopped managing through its selector, so one process per machine is the faithful way to stop one).
         """
+        with self._kubelets_lock:
+            return self._start_kubelet(node)
+
+    def _start_kubelet(self, node: str) -> Proc:
         if node in self.kubelets and self.kubelets[node].alive:
             return self.kubelets[node]
         home = self.dir / "kwok-home"
@@ -388,9 +413,16 @@ class Cluster:
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/logs.kwok.x-k8s.io")
 
     def stop_kubelet(self, node: str) -> None:
-        proc = self.kubelets.get(node)
+        with self._kubelets_lock:
+            proc = self.kubelets.get(node)
         if proc is not None:
             proc.stop()
+
+    def dead_kubelets(self) -> list[Proc]:
+        """The kubelets of machines that are on: a wait on a Node passes them as `procs`, so one that exited unasked
+        fails the wait at once, with its log, instead of it waiting out its bound for a Node that never comes."""
+        with self._kubelets_lock:
+            return [p for p in self.kubelets.values() if p.died]
 
     def stop(self) -> None:
         for proc in [*self.kubelets.values(), *reversed(self.procs)]:

@@ -290,6 +290,12 @@ def summary(s: PodStack) -> str:
     return ", ".join(f"{c['metadata']['name']}={phase(c)}/{reason(c)}" for c in claims(s)) or "no claims"
 
 
+def wait(s: PodStack, what: str, check: Callable[[], Any], *, within: float, every: float = 0.25) -> Any:
+    """`wait_until` a claim's move: it fails at once when a machine's kubelet exits unasked (a Node that will never
+    be Ready), and says how the claims stand when it gives up, not how they stood when it began."""
+    return wait_until(what, check, within=within, every=every, procs=s.cluster.dead_kubelets, now=lambda: summary(s))
+
+
 def node_ready(s: PodStack, name: str) -> bool:
     try:
         node = core(s).read_node(name)
@@ -359,9 +365,9 @@ def settle(s: PodStack) -> None:
     if idle:
         print(f"\nidle before a boot, waiting for cluster-autoscaler to scale it down: {idle} ({summary(s)})")
         EXTRA.extend(idle)
-    wait_until(f"no claim mid-boot and no machine idle ({summary(s)})",
-               lambda: not empty_machines(s) and not [c for c in live(s) if phase(c) != "ready"],
-               within=300)  # fmt: skip
+    wait(s, "no claim mid-boot and no machine idle",
+         lambda: not empty_machines(s) and not [c for c in live(s) if phase(c) != "ready"],
+         within=300)  # fmt: skip
 
 
 EXTRA: list[str] = []
@@ -387,13 +393,13 @@ def boot(s: PodStack, replicas: int, what: str, *, during: Callable[[list[str]],
             return []
         return [c["metadata"]["name"] for c in new] if during is None or moment(s, new) else []
 
-    names = wait_until(f"{want} new claim(s) for {what} ({summary(s)})", reached, within=300)
+    names = wait(s, f"{want} new claim(s) for {what}", reached, within=300)
     if during is not None:
         during(names)
-    wait_until(f"the new claims {names} ready ({summary(s)})",
-               lambda: all(phase(by_name(s).get(n, {})) == "ready" for n in names), within=300)  # fmt: skip
-    wait_until(f"{replicas} workload Pods Running on machines", lambda: running_on_machines(s) == replicas,
-               within=180)  # fmt: skip
+    wait(s, f"the new claims {names} ready",
+         lambda: all(phase(by_name(s).get(n, {})) == "ready" for n in names), within=300)  # fmt: skip
+    wait(s, f"{replicas} workload Pods Running on machines", lambda: running_on_machines(s) == replicas,
+         within=180)  # fmt: skip
     BUSIEST.sample(s, what)
     return list(names)
 
@@ -950,9 +956,9 @@ def test_the_operator_never_stands_on_a_machine_and_the_split_overlay_runs(pods:
     with s.phase("overlay split: a scale-down and a boot"):
         for empty in empties:
             s.cluster.kubectl("annotate", "node", empty, "cluster-autoscaler.kubernetes.io/scale-down-disabled-")
-        wait_until(f"{empties} scaled down and powered off through split ({summary(s)})",
-                   lambda: all(phase(by_name(s)[owner]) == "completed" and not node_ready(s, node)
-                               for owner, node in owners.items()), within=300)  # fmt: skip
+        wait(s, f"{empties} scaled down and powered off through split",
+             lambda: all(phase(by_name(s)[owner]) == "completed" and not node_ready(s, node)
+                         for owner, node in owners.items()), within=300)  # fmt: skip
         for empty in empties:
             assert [c.status for c in s.room.calls_of(empty, "off")][-1:] == [200], s.room.calls_of(empty, "off")
         (name,) = boot(s, 4, "a boot through split")
@@ -1024,12 +1030,12 @@ def test_a_machine_that_never_boots_backs_its_group_off_and_spares_serve(pods: P
     s.room.fail(idle, "on", times=5)
     with s.phase("story: a failed boot, spares serve"):
         set_workload(s, 6)
-        wait_until(f"the claim on {idle} failed ({summary(s)})",
-                   lambda: any(phase(c) == "failed" and c["spec"]["node"] == idle for c in claims(s)),
-                   within=300)  # fmt: skip
-        wait_until(f"spares scaled up instead ({summary(s)})",
-                   lambda: any(phase(c) == "ready" and c["spec"]["node"] == "spare-1" for c in claims(s)),
-                   within=300)  # fmt: skip
+        wait(s, f"the claim on {idle} failed",
+             lambda: any(phase(c) == "failed" and c["spec"]["node"] == idle for c in claims(s)),
+             within=300)  # fmt: skip
+        wait(s, "spares scaled up instead",
+             lambda: any(phase(c) == "ready" and c["spec"]["node"] == "spare-1" for c in claims(s)),
+             within=300)  # fmt: skip
         wait_until("6 workload Pods Running on machines", lambda: running_on_machines(s) == 6, within=180)
     BUSIEST.sample(s, "six machines serving the workload")
     failed = [c for c in claims(s) if phase(c) == "failed"]
@@ -1054,8 +1060,8 @@ def test_the_workload_goes_and_every_machine_is_powered_off(pods: PodStack) -> N
             BUSIEST.sample(s, "the workload gone, the machines' shutdown Jobs running")
             return not live(s) and not any(node_ready(s, n) for n in MACHINES)
 
-        wait_until(f"every claim ended and every machine powered off ({summary(s)})", shutting_down, within=420,
-                   every=3)  # fmt: skip
+        wait(s, "every claim ended and every machine powered off", shutting_down, within=420,
+             every=3)  # fmt: skip
     for slot in was_on:
         assert 200 in [c.status for c in s.room.calls_of(slot, "off")], (slot, s.room.calls_of(slot, "off"))
     # Every machine booted was one a Pod needed (cluster-autoscaler asked twice for one Pod before the provider

@@ -44,7 +44,7 @@ import functools
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ from proto import externalgrpc_pb2 as pb
 from proto import externalgrpc_pb2_grpc as pb_grpc
 from tests.lab import history_text
 from tests.realcluster import audit, replay
-from tests.realcluster.cluster import wait_until
+from tests.realcluster.cluster import Proc, wait_until
 from tests.realcluster.stack import (
     CONTROL_PLANE,
     DEPLOY,
@@ -177,6 +177,13 @@ def summary(s: Stack) -> str:
     rows = [f"{c['metadata']['name']}={phase(c)}/{reason(c)}" for c in s.claims()]
     nodes = [n.metadata.name for n in core(s).list_node().items]
     return f"claims {rows}; nodes {nodes}"
+
+
+def wait(s: Stack, what: str, check: Callable[[], Any], *, within: float, procs: list[Proc] | None = None) -> Any:
+    """`wait_until` a claim's move: it fails at once when a machine's kubelet (or one of `procs`) exits unasked, and
+    says how the claims and nodes stand when it gives up, not how they stood when it began."""
+    return wait_until(what, check, within=within, procs=lambda: [*(procs or []), *s.cluster.dead_kubelets()],
+                      now=lambda: summary(s))  # fmt: skip
 
 
 def live_per_group(s: Stack) -> dict[str, int]:
@@ -348,9 +355,9 @@ def test_3_over_mtls_a_pending_workload_scales_a_group_up_from_zero(stack: Stack
     set_workload(s, 1)
     wait_until("the scheduler to mark the workload Unschedulable",
                lambda: any(unschedulable(p) for p in workload_pods(s)), within=60)  # fmt: skip
-    wait_until(f"a claim in workers to be ready ({summary(s)})",
-               lambda: any(phase(c) == "ready" and c["spec"]["group"] == "workers" for c in live(s)),
-               within=240, procs=s.procs)  # fmt: skip
+    wait(s, "a claim in workers to be ready",
+         lambda: any(phase(c) == "ready" and c["spec"]["group"] == "workers" for c in live(s)),
+         within=240, procs=s.procs)  # fmt: skip
     wait_until("the workload Pod Running on a machine of workers",
                lambda: any(p.status.phase == "Running" and (p.spec.node_name or "").startswith("machine-")
                            for p in workload_pods(s)), within=120)  # fmt: skip
@@ -381,21 +388,21 @@ def test_4_a_machine_that_never_boots_backs_its_group_off_and_another_group_serv
     # The startup Job's container prints a line, then its last words (its termination message), and exits 3.
     s.executor.fail(idle, "startup", exit_code=3, message=LAST_WORDS, times=5, output=(first_words(idle),))
     set_workload(s, 2)
-    wait_until(f"the claim on {idle} failed ({summary(s)})",
-               lambda: any(phase(c) == "failed" for c in claims_of(s, idle)), within=240, procs=s.procs)  # fmt: skip
+    wait(s, f"the claim on {idle} failed",
+         lambda: any(phase(c) == "failed" for c in claims_of(s, idle)), within=240, procs=s.procs)  # fmt: skip
     (broken,) = [c for c in claims_of(s, idle) if phase(c) == "failed"]
     check_last_words(s, broken, idle)
-    wait_until(f"spares scaled up instead ({summary(s)})",
-               lambda: any(phase(c) == "ready" for c in claims_of(s, "spare-1")), within=300,
-               procs=s.procs)  # fmt: skip
+    wait(s, "spares scaled up instead",
+         lambda: any(phase(c) == "ready" for c in claims_of(s, "spare-1")), within=300,
+         procs=s.procs)  # fmt: skip
     status = s.autoscaler_status()
     assert "startup-job-failed" in status, f"workers is backed off for its failed boot:\n{status}"
     expect_event(s, "ScaleUpFailed", "group workers", "startup-job-failed", broken["metadata"]["name"])
     wait_until("both workload Pods Running",
                lambda: sum(p.status.phase == "Running" for p in workload_pods(s)) == 2, within=120)  # fmt: skip
     # cluster-autoscaler's own record agrees with the claims: its per-group target is the group's live claims.
-    wait_until(f"the status ConfigMap's targets to match the live claims ({summary(s)})",
-               lambda: status_targets(s) == live_per_group(s), within=60)  # fmt: skip
+    wait(s, "the status ConfigMap's targets to match the live claims",
+         lambda: status_targets(s) == live_per_group(s), within=60)  # fmt: skip
     # Backed off after the first failure: the failing slot was not asked again while the spare served.
     failed = [c for c in claims_of(s, idle) if phase(c) == "failed"]
     assert [reason(c) for c in failed] == ["StartupJobFailed"], [c.get("status") for c in failed]
@@ -405,9 +412,9 @@ def test_5_the_workload_goes_and_every_machine_is_powered_off(stack: Stack) -> N
     s = stack
     apps: Any = k8s.AppsV1Api(s.cluster.admin)
     apps.delete_namespaced_deployment(WORKLOAD, WORKLOAD_NS)
-    wait_until(f"every claim ended and every machine powered off ({summary(s)})",
-               lambda: not live(s) and not [n for n in ("machine-1", "machine-2", "spare-1") if s.node(n)],
-               within=300, procs=s.procs)  # fmt: skip
+    wait(s, "every claim ended and every machine powered off",
+         lambda: not live(s) and not [n for n in ("machine-1", "machine-2", "spare-1") if s.node(n)],
+         within=300, procs=s.procs)  # fmt: skip
     wait_until("cluster-autoscaler's status ConfigMap to show a target of 0 in every group",
                lambda: status_targets(s) == {"workers": 0, "spares": 0}, within=60)  # fmt: skip
     for machine in ("machine-1", "spare-1"):  # Nodes registered anew since step 2
