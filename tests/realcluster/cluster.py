@@ -419,10 +419,10 @@ class Cluster:
             proc.stop()
 
     def dead_kubelets(self) -> list[Proc]:
-        """The kubelets of machines that are on: a wait on a Node passes them as `procs`, so one that exited unasked
-        fails the wait at once, with its log, instead of it waiting out its bound for a Node that never comes."""
-        with self._kubelets_lock:
-            return [p for p in self.kubelets.values() if p.died]
+        """The kubelets that exited unasked (a machine powered off is asked): a wait on a Node passes this as `procs`,
+        so it fails at once with the kubelet's log, not at its bound for a Node that never comes. A copy of the table,
+        not the lock: a first kubelet's start holds that while kubectl waits for KWOK's CRD."""
+        return [p for p in list(self.kubelets.values()) if p.died]
 
     def stop(self) -> None:
         for proc in [*self.kubelets.values(), *reversed(self.procs)]:
