@@ -243,7 +243,7 @@ def fake_kubelet_cluster(tmp_path: Path) -> Cluster:
     for name, text in (("kwok", FAKE_KWOK), ("kubectl", FAKE_KUBECTL)):
         (bins / name).write_text(text)
         (bins / name).chmod(0o755)
-    for rel in (*KWOK_STAGES, KWOK_LOGS_CRD):
+    for rel in KWOK_STAGES:
         (bins.parent / "kwok-stages" / rel).parent.mkdir(parents=True, exist_ok=True)
         (bins.parent / "kwok-stages" / rel).write_text(f"kind: Stage\nmetadata: {{name: {Path(rel).stem}}}\n")
     (bins.parent / KWOK_LOGS_CRD).parent.mkdir(parents=True, exist_ok=True)
@@ -300,7 +300,7 @@ def test_a_kubelet_that_exits_unasked_fails_a_wait_at_once_and_one_stopped_does_
         assert [p.name for p in dead] == ["kubelet-dies"]
         began = time.monotonic()
         with pytest.raises(AssertionError, match=r"kubelet-dies exited with code 3 while waiting for dies Ready"):
-            wait_until("dies Ready", lambda: False, within=60, procs=cluster.dead_kubelets)
+            cluster.wait("dies Ready", lambda: False, within=60)
         assert time.monotonic() - began < 5, "the wait named the dead kubelet at once, not at its bound"
     finally:
         cluster.stop()

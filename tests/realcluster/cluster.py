@@ -419,10 +419,17 @@ class Cluster:
             proc.stop()
 
     def dead_kubelets(self) -> list[Proc]:
-        """The kubelets that exited unasked (a machine powered off is asked): a wait on a Node passes this as `procs`,
-        so it fails at once with the kubelet's log, not at its bound for a Node that never comes. A copy of the table,
-        not the lock: a first kubelet's start holds that while kubectl waits for KWOK's CRD."""
+        """The kubelets that exited unasked (a machine powered off is asked): `wait` fails at once on one, with its
+        log, not at its bound for a Node that never comes. A copy of the table, not the lock: a first kubelet's start
+        holds that while kubectl waits for KWOK's CRD."""
         return [p for p in list(self.kubelets.values()) if p.died]
+
+    def wait(self, what: str, check: Callable[[], Any], *, within: float, every: float = 0.25,
+             procs: list[Proc] | None = None, now: Callable[[], str] | None = None) -> Any:  # fmt: skip
+        """`wait_until` something the machines take part in: it fails at once when a kubelet (or one of `procs`)
+        exits unasked, a Node that will never come."""
+        return wait_until(what, check, within=within, every=every, now=now,
+                          procs=lambda: [*(procs or []), *self.dead_kubelets()])  # fmt: skip
 
     def stop(self) -> None:
         for proc in [*self.kubelets.values(), *reversed(self.procs)]:

@@ -226,10 +226,9 @@ class Stack:
             slots = self.homelab.slots_of(machines_on) if machines_on else []
             for slot in slots:
                 self.executor.power_on(slot.name)
-            for slot in slots:
-                kubelet = self.cluster.kubelets.get(slot.node_name)  # a kubelet that exits is said at once
-                wait_until(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name), within=60,
-                           procs=[kubelet] if kubelet is not None else None)  # fmt: skip
+            for slot in slots:  # a kubelet that exits is said at once
+                self.cluster.wait(f"{slot.node_name} Ready", functools.partial(self.node_ready, slot.node_name),
+                                  within=60)  # fmt: skip
             self.start_operator()
             self.start_autoscaler()
         except BaseException:

@@ -293,7 +293,7 @@ def summary(s: PodStack) -> str:
 def wait(s: PodStack, what: str, check: Callable[[], Any], *, within: float, every: float = 0.25) -> Any:
     """`wait_until` a claim's move: it fails at once when a machine's kubelet exits unasked (a Node that will never
     be Ready), and says how the claims stand when it gives up, not how they stood when it began."""
-    return wait_until(what, check, within=within, every=every, procs=s.cluster.dead_kubelets, now=lambda: summary(s))
+    return s.cluster.wait(what, check, within=within, every=every, now=lambda: summary(s))
 
 
 def node_ready(s: PodStack, name: str) -> bool:

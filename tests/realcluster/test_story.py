@@ -182,8 +182,7 @@ def summary(s: Stack) -> str:
 def wait(s: Stack, what: str, check: Callable[[], Any], *, within: float, procs: list[Proc] | None = None) -> Any:
     """`wait_until` a claim's move: it fails at once when a machine's kubelet (or one of `procs`) exits unasked, and
     says how the claims and nodes stand when it gives up, not how they stood when it began."""
-    return wait_until(what, check, within=within, procs=lambda: [*(procs or []), *s.cluster.dead_kubelets()],
-                      now=lambda: summary(s))  # fmt: skip
+    return s.cluster.wait(what, check, within=within, procs=procs, now=lambda: summary(s))
 
 
 def live_per_group(s: Stack) -> dict[str, int]:
